@@ -1,0 +1,72 @@
+"""Tensor fusion: many small tensors travel in one buffer, one transport call per buffer.
+
+``plan_buckets`` groups tensors (in call order, per reduction dtype) into buckets of at most
+``threshold`` bytes; ``pack``/``unpack`` copy tensors into and out of a flat buffer; ``BufferPool``
+keeps fusion buffers for reuse so steady-state training allocates none.
+"""
+from typing import Dict, Hashable, List, Sequence
+
+import numpy as np
+
+
+def plan_buckets(keys: Sequence[Hashable], nbytes: Sequence[int], threshold: int) -> List[List[int]]:
+    """Indices of tensors grouped into buckets: same key (reduction dtype), in call order, each
+    bucket at most ``threshold`` bytes unless a single tensor is larger (it then travels alone)."""
+    buckets: List[List[int]] = []
+    open_bucket: Dict[Hashable, int] = {}  # key -> index into buckets
+    filled: Dict[Hashable, int] = {}
+    for i, (key, size) in enumerate(zip(keys, nbytes)):
+        b = open_bucket.get(key)
+        if b is not None and filled[key] + size <= threshold:
+            buckets[b].append(i)
+            filled[key] += size
+        else:
+            open_bucket[key] = len(buckets)
+            filled[key] = size
+            buckets.append([i])
+    return buckets
+
+
+def pack(arrays: Sequence[np.ndarray], buffer: np.ndarray, scale: float = 1.0) -> None:
+    """Copy ``arrays`` one after another into the flat ``buffer`` (cast to its dtype, times
+    ``scale``; integer results are truncated toward zero)."""
+    offset = 0
+    for a in arrays:
+        n = a.size
+        dst = buffer[offset:offset + n]
+        if scale == 1.0:
+            np.copyto(dst, a.reshape(-1), casting="unsafe")
+        elif buffer.dtype.kind == "f":
+            np.multiply(a.reshape(-1), scale, out=dst, casting="unsafe")
+        else:
+            np.copyto(dst, a.reshape(-1) * scale, casting="unsafe")
+        offset += n
+
+
+def unpack(buffer: np.ndarray, shapes: Sequence[tuple], dtypes: Sequence[np.dtype]) -> List[np.ndarray]:
+    """New arrays of the given shapes and dtypes, read one after another from ``buffer``."""
+    out = []
+    offset = 0
+    for shape, dtype in zip(shapes, dtypes):
+        n = int(np.prod(shape, dtype=np.int64))
+        out.append(buffer[offset:offset + n].astype(dtype).reshape(shape))
+        offset += n
+    return out
+
+
+class BufferPool:
+    """Flat buffers by dtype, handed out and returned so that they are reused."""
+
+    def __init__(self) -> None:
+        self._free: Dict[np.dtype, List[np.ndarray]] = {}
+
+    def acquire(self, dtype: np.dtype, size: int) -> np.ndarray:
+        """A buffer of at least ``size`` elements of ``dtype`` (slice it to the size needed)."""
+        free = self._free.get(dtype, [])
+        for i, buf in enumerate(free):
+            if buf.size >= size:
+                return free.pop(i)
+        return np.empty(size, dtype=dtype)
+
+    def release(self, buf: np.ndarray) -> None:
+        self._free.setdefault(buf.dtype, []).append(buf)

@@ -1,0 +1,106 @@
+"""Process sets: collectives over a subset of the world's ranks.
+
+Registering or removing a set is collective over the whole world: every rank calls
+``add_process_set`` with the same ranks, members and non-members alike.
+"""
+from typing import Any, Dict, Iterable, List, Optional, Union
+
+from . import runtime
+from .errors import CollectiveMismatchError
+
+
+class ProcessSet:
+    """A set of world ranks. Pass it as ``process_set=`` to any collective once registered."""
+
+    def __init__(self, ranks: Iterable[int]) -> None:
+        self.ranks: List[int] = sorted(int(r) for r in ranks)
+        if len(set(self.ranks)) != len(self.ranks):
+            raise ValueError(f"process set ranks {self.ranks} contain duplicates")
+        self.process_set_id: Optional[int] = None
+        self._comm: Any = None  # the set's MPI communicator on members, None elsewhere
+        self._rank = -1
+
+    def _bind(self, process_set_id: int, ranks: List[int], comm: Any) -> None:
+        self.process_set_id, self.ranks, self._comm = process_set_id, ranks, comm
+        self._rank = comm.Get_rank() if comm is not None else -1
+        _registry[process_set_id] = self
+
+    def _unbind(self) -> None:
+        _registry.pop(self.process_set_id, None)
+        if self._comm is not None and self.process_set_id != 0:
+            self._comm.Free()
+        self.process_set_id, self._comm, self._rank = None, None, -1
+
+    def size(self) -> int:
+        """Number of ranks in the set."""
+        return len(self.ranks)
+
+    def rank(self) -> int:
+        """This process's rank within the set, or -1 when it is not a member."""
+        return self._rank
+
+    def included(self) -> bool:
+        """True when this process is a member of the set."""
+        return self._comm is not None
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet(())
+"""All ranks of the world (id 0); bound by ``hvdlike.init()``."""
+
+_registry: Dict[int, ProcessSet] = {}
+
+
+def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet:
+    """Register a process set. Collective: every world rank calls it with the same ranks.
+
+    Returns the registered ProcessSet (the one passed, or a new one built from the ranks).
+    """
+    st = runtime.state("hvdlike.add_process_set()")
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    error = None
+    if ps.process_set_id is not None:
+        error = f"{ps} is already registered"
+    elif not ps.ranks:
+        error = "a process set needs at least one rank"
+    elif ps.ranks[0] < 0 or ps.ranks[-1] >= st.size:
+        error = f"process set ranks {ps.ranks} must lie in 0..{st.size - 1}"
+    else:
+        for other in _registry.values():
+            if other.ranks == ps.ranks:
+                error = f"a process set with ranks {ps.ranks} already exists: {other}"
+    answers = st.world.allgather((ps.ranks, error))
+    errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(answers) if e]
+    if errors:
+        raise ValueError("hvdlike.add_process_set failed: " + "; ".join(errors))
+    if any(ranks != ps.ranks for ranks, _ in answers):
+        listing = "; ".join(f"rank {r}: {ranks}" for r, (ranks, _) in enumerate(answers))
+        raise CollectiveMismatchError(
+            f"hvdlike.add_process_set: ranks passed different sets ({listing}); every rank must "
+            "call add_process_set with the same ranks, in the same order of calls")
+    member = st.rank in ps.ranks
+    comm = st.world.Split(color=0 if member else st.mpi.UNDEFINED, key=st.rank)
+    ps._bind(max(_registry) + 1, ps.ranks, comm if member else None)
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set. Collective over the world. Returns False if it was not registered."""
+    st = runtime.state("hvdlike.remove_process_set()")
+    if process_set.process_set_id == 0:
+        raise ValueError("the global process set cannot be removed")
+    ids = st.world.allgather(process_set.process_set_id)
+    if len(set(ids)) != 1:
+        raise CollectiveMismatchError(
+            f"hvdlike.remove_process_set: ranks passed different sets (ids by rank: {ids})")
+    if process_set.process_set_id is None:
+        return False
+    process_set._unbind()
+    return True
+
+
+def _release_all() -> None:
+    for ps in list(_registry.values()):
+        ps._unbind()

@@ -1,0 +1,28 @@
+"""Reduction operations accepted by allreduce and reducescatter."""
+import enum
+
+
+class ReduceOp(enum.IntEnum):
+    """How values from all ranks are combined. ``Average`` is a sum divided by the set size."""
+
+    AVERAGE = 0
+    SUM = 1
+    MIN = 2
+    MAX = 3
+    PRODUCT = 4
+
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+
+def as_reduce_op(op: object) -> ReduceOp:
+    """Return ``op`` as a ReduceOp, or raise ValueError naming the accepted values."""
+    try:
+        return ReduceOp(op)
+    except ValueError:
+        names = ", ".join(f"hvdlike.{m.name.title()}" for m in ReduceOp)
+        raise ValueError(f"unknown reduction op {op!r}; use one of {names}") from None

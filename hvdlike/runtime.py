@@ -1,0 +1,202 @@
+"""The MPI world hvdlike runs in: init/shutdown, ranks, node topology, abort on failure.
+
+Topology comes from MPI (``MPI_Comm_split_type(SHARED)``): ranks sharing memory form a node.
+``HVDLIKE_NODE_NAMES=a,a,b,b`` (one name per world rank) overrides it so that tests can
+simulate several nodes on one machine.
+"""
+import dataclasses
+import importlib.util
+import sys
+import time
+from types import ModuleType
+from typing import Any, Optional, Sequence
+
+from . import process_sets as _ps
+from .errors import NotInitializedError
+from .settings import Settings
+
+
+_QUIET_ABORT_DELAY = 3.0  # seconds
+
+
+@dataclasses.dataclass
+class _State:
+    settings: Settings
+    mpi: ModuleType  # mpi4py.MPI
+    transport: ModuleType  # hvdlike.transport.mpi
+    world: Any  # our duplicate of the user's communicator
+    rank: int
+    size: int
+    local_comm: Any
+    local_rank: int
+    local_size: int
+    cross_comm: Any
+    cross_rank: int
+    cross_size: int
+    homogeneous: bool
+    previous_excepthook: Optional[Any] = None
+
+
+_state: Optional[_State] = None
+
+
+def state(what: str = "this call") -> _State:
+    """The running state, or NotInitializedError naming ``what`` was called too early."""
+    if _state is None:
+        raise NotInitializedError(what)
+    return _state
+
+
+def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = None,
+         abort_on_exception: Optional[bool] = None) -> None:
+    """Start hvdlike on every rank. Idempotent.
+
+    comm: an mpi4py communicator to run on (default ``MPI.COMM_WORLD``; it is duplicated so
+    hvdlike's traffic never mixes with yours). Without mpirun this is a world of size 1.
+    process_sets: ProcessSet objects to register now (same list on every rank).
+    abort_on_exception: if True (default, or HVDLIKE_ABORT_ON_EXCEPTION), an uncaught exception
+    on any rank calls MPI_Abort so the other ranks stop instead of hanging.
+    """
+    global _state
+    if _state is not None:
+        return
+    settings = Settings.from_env()
+    from .transport import mpi as transport  # initializes MPI
+
+    MPI = transport.MPI
+    world = (MPI.COMM_WORLD if comm is None else comm).Dup()
+    rank, size = world.Get_rank(), world.Get_size()
+    local_comm = _split_local(MPI, world, settings.node_names)
+    local_rank, local_size = local_comm.Get_rank(), local_comm.Get_size()
+    cross_comm = world.Split(color=local_rank, key=rank)
+    local_sizes = world.allgather(local_size)
+    _state = _State(
+        settings=settings, mpi=MPI, transport=transport, world=world, rank=rank, size=size,
+        local_comm=local_comm, local_rank=local_rank, local_size=local_size,
+        cross_comm=cross_comm, cross_rank=cross_comm.Get_rank(),
+        cross_size=cross_comm.Get_size(), homogeneous=len(set(local_sizes)) == 1,
+    )
+    _ps.global_process_set._bind(0, list(range(size)), world)
+    abort = settings.abort_on_exception if abort_on_exception is None else abort_on_exception
+    if abort and size > 1:
+        _install_abort_hook(_state)
+    for process_set in process_sets or ():
+        _ps.add_process_set(process_set)
+
+
+def _split_local(MPI: ModuleType, world: Any, node_names: Optional[Sequence[str]]) -> Any:
+    if node_names is None:
+        return world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    if len(node_names) != world.Get_size():
+        raise ValueError(
+            f"HVDLIKE_NODE_NAMES lists {len(node_names)} node names but the job has "
+            f"{world.Get_size()} ranks: give exactly one name per rank, e.g. 'a,a,b,b'")
+    color = sorted(set(node_names)).index(node_names[world.Get_rank()])
+    return world.Split(color=color, key=world.Get_rank())
+
+
+def _install_abort_hook(st: _State) -> None:
+    previous = sys.excepthook
+    world = st.mpi.COMM_WORLD
+
+    def abort_job(etype, value, tb):  # type: ignore[no-untyped-def]
+        if getattr(value, "hvdlike_quiet", False):
+            # Raised on every rank of a collective; the set's first rank prints it and aborts.
+            # Abort here too after a grace period, in case that rank is not going to.
+            time.sleep(_QUIET_ABORT_DELAY)
+            world.Abort(1)
+        previous(etype, value, tb)
+        sys.stderr.write(
+            f"hvdlike: rank {st.rank} of {st.size} raised an uncaught {etype.__name__}; "
+            "aborting the whole job with MPI_Abort so the other ranks do not hang "
+            "(opt out: hvdlike.init(abort_on_exception=False) or HVDLIKE_ABORT_ON_EXCEPTION=0)\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        world.Abort(1)
+
+    st.previous_excepthook = previous
+    sys.excepthook = abort_job
+
+
+def shutdown() -> None:
+    """Release hvdlike's communicators on every rank. ``init()`` may be called again after."""
+    global _state
+    st = _state
+    if st is None:
+        return
+    _ps._release_all()
+    for comm in (st.cross_comm, st.local_comm, st.world):
+        comm.Free()
+    if st.previous_excepthook is not None:
+        sys.excepthook = st.previous_excepthook
+    _state = None
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+def rank() -> int:
+    """This process's rank in the world, 0..size()-1."""
+    return state("hvdlike.rank()").rank
+
+
+def size() -> int:
+    """Number of ranks in the world."""
+    return state("hvdlike.size()").size
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks on its node."""
+    return state("hvdlike.local_rank()").local_rank
+
+
+def local_size() -> int:
+    """Number of ranks on this process's node."""
+    return state("hvdlike.local_size()").local_size
+
+
+def cross_rank() -> int:
+    """This node's index among the nodes (the rank in the communicator of equal local_rank)."""
+    return state("hvdlike.cross_rank()").cross_rank
+
+
+def cross_size() -> int:
+    """Number of ranks with this process's local_rank, one per node (the node count)."""
+    return state("hvdlike.cross_size()").cross_size
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of ranks."""
+    return state("hvdlike.is_homogeneous()").homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    """True when MPI runs with MPI_THREAD_MULTIPLE."""
+    st = state("hvdlike.mpi_threads_supported()")
+    return st.mpi.Query_thread() == st.mpi.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    """True once hvdlike runs on MPI (always, after init)."""
+    return _state is not None
+
+
+def mpi_built() -> bool:
+    """True when mpi4py is installed."""
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def nccl_built() -> bool:
+    """True when the GPU extra (CuPy with NCCL) is installed; nothing is imported."""
+    return importlib.util.find_spec("cupy") is not None
+
+
+def gloo_enabled() -> bool:
+    """Always False: hvdlike runs on MPI only."""
+    return False
+
+
+def gloo_built() -> bool:
+    """Always False: hvdlike has no Gloo controller."""
+    return False

