@@ -69,9 +69,14 @@ def negotiate(transport: Any, comm: Any, control: Control, request: Request,
     try:
         resolve(comm.allgather((request, error)))
     except (TypeError, ValueError) as exc:
-        # The same error is raised on every rank: let only the set's first rank report it.
-        exc.hvdlike_quiet = comm.Get_rank() != 0  # type: ignore[attr-defined]
-        raise
+        raise raised_on_every_rank(exc, comm)
+
+
+def raised_on_every_rank(exc: Exception, comm: Any) -> Exception:
+    """Mark an error that every rank of ``comm`` raises, so that if it goes uncaught only the
+    first rank prints it before the job is aborted."""
+    exc.hvdlike_quiet = comm.Get_rank() != 0  # type: ignore[attr-defined]
+    return exc
 
 
 def join_round(transport: Any, comm: Any, control: Control, rank: int,

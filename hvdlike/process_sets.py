@@ -6,6 +6,7 @@ Registering or removing a set is collective over the whole world: every rank cal
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 from . import runtime
+from .checks import raised_on_every_rank
 from .errors import CollectiveMismatchError
 
 
@@ -74,12 +75,13 @@ def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet
     answers = st.world.allgather((ps.ranks, error))
     errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(answers) if e]
     if errors:
-        raise ValueError("hvdlike.add_process_set failed: " + "; ".join(errors))
+        raise raised_on_every_rank(
+            ValueError("hvdlike.add_process_set failed: " + "; ".join(errors)), st.world)
     if any(ranks != ps.ranks for ranks, _ in answers):
         listing = "; ".join(f"rank {r}: {ranks}" for r, (ranks, _) in enumerate(answers))
-        raise CollectiveMismatchError(
+        raise raised_on_every_rank(CollectiveMismatchError(
             f"hvdlike.add_process_set: ranks passed different sets ({listing}); every rank must "
-            "call add_process_set with the same ranks, in the same order of calls")
+            "call add_process_set with the same ranks, in the same order of calls"), st.world)
     member = st.rank in ps.ranks
     comm = st.world.Split(color=0 if member else st.mpi.UNDEFINED, key=st.rank)
     ps._bind(max(_registry) + 1, ps.ranks, comm if member else None)
@@ -93,8 +95,9 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         raise ValueError("the global process set cannot be removed")
     ids = st.world.allgather(process_set.process_set_id)
     if len(set(ids)) != 1:
-        raise CollectiveMismatchError(
-            f"hvdlike.remove_process_set: ranks passed different sets (ids by rank: {ids})")
+        raise raised_on_every_rank(CollectiveMismatchError(
+            f"hvdlike.remove_process_set: ranks passed different sets (ids by rank: {ids})"),
+            st.world)
     if process_set.process_set_id is None:
         return False
     process_set._unbind()

@@ -1,0 +1,72 @@
+"""Bad input on one or all ranks: each case must raise the same clear error on every rank and
+leave the job usable (the next collective still works)."""
+from typing import Any, Callable, Dict, Tuple
+
+import numpy as np
+
+import hvdlike as hvd
+
+
+def _cases(rank: int, size: int) -> Dict[str, Callable[[], Any]]:
+    odd = rank % 2 == 1
+    return {
+        "shape_mismatch": lambda: hvd.allreduce(np.ones(3 + rank, np.float32)),
+        "dtype_mismatch": lambda: hvd.allreduce(np.ones(3, np.float64 if odd else np.float32)),
+        "op_mismatch": lambda: hvd.allreduce(np.ones(3), op=hvd.Max if odd else hvd.Sum),
+        "name_mismatch": lambda: hvd.allreduce(np.ones(3), name=f"grad_{rank}"),
+        "root_mismatch": lambda: hvd.broadcast(np.ones(2), root_rank=rank % 2),
+        "root_out_of_range": lambda: hvd.broadcast(np.ones(2), root_rank=size + 3),
+        "root_out_of_range_one_rank": lambda: hvd.broadcast(np.ones(2), root_rank=-1 if odd else 0),
+        "unsupported_dtype_one_rank": lambda: hvd.allreduce(
+            np.ones(2, np.complex64 if odd else np.float32)),
+        "unsupported_dtype_allgather": lambda: hvd.allgather(np.array(["a", "b"])),
+        "bool_average": lambda: hvd.allreduce(np.ones(2, bool), op=hvd.Average),
+        "unknown_op": lambda: hvd.allreduce(np.ones(2), op=17),
+        "alltoall_bad_splits": lambda: hvd.alltoall(np.ones((size + 1, 2)), splits=[1] * size),
+        "alltoall_indivisible": lambda: hvd.alltoall(np.ones((size + 1, 2))),
+        "allgather_trailing_shape": lambda: hvd.allgather(np.ones((2, 2 + rank))),
+        "grouped_length_mismatch": lambda: hvd.grouped_allreduce([np.ones(2)] * (1 + rank)),
+        "reducescatter_scalar": lambda: hvd.reducescatter(np.float32(1.0)),
+        "different_collectives": lambda: (hvd.allgather(np.ones(2)) if odd
+                                          else hvd.allreduce(np.ones(2))),
+        "blocking_and_async_mixed": lambda: (hvd.allreduce_async(np.ones(2)).synchronize() if odd
+                                             else hvd.allreduce(np.ones(2))),
+        "set_not_registered": lambda: hvd.allreduce(np.ones(2), process_set=hvd.ProcessSet([0])),
+    }
+
+
+def run() -> Dict[str, Tuple[str, str]]:
+    """{case: (exception type, message)} as seen on this rank, plus a check after each case
+    that the job still works."""
+    rank, size = hvd.rank(), hvd.size()
+    seen: Dict[str, Tuple[str, str]] = {}
+    for name, call in _cases(rank, size).items():
+        try:
+            call()
+            seen[name] = ("no error", "")
+        except Exception as exc:  # noqa: BLE001 - recording what was raised is the point
+            seen[name] = (type(exc).__name__, str(exc))
+        ok = hvd.allreduce(np.array([rank], np.int64), op=hvd.Sum)
+        seen[name + "/after"] = ("ok" if ok[0] == size * (size - 1) // 2 else "broken", "")
+    return seen
+
+
+def not_a_member() -> Tuple[str, str]:
+    """Ranks outside a process set calling a collective on it get a local error; members work."""
+    ps = hvd.add_process_set([0])
+    try:
+        out = hvd.allreduce(np.ones(2), process_set=ps)
+        return ("ok", str(out.tolist()))
+    except ValueError as exc:
+        return (type(exc).__name__, str(exc))
+
+
+def before_init() -> Tuple[str, str]:
+    hvd.shutdown()
+    try:
+        hvd.allreduce(np.ones(2))
+        result = ("no error", "")
+    except Exception as exc:  # noqa: BLE001
+        result = (type(exc).__name__, str(exc))
+    hvd.init()
+    return result

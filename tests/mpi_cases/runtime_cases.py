@@ -1,0 +1,85 @@
+"""Runtime behaviour seen from each rank: topology, init/shutdown, process sets, join, async."""
+from typing import Any, Dict
+
+import numpy as np
+
+import hvdlike as hvd
+
+
+def topology() -> Dict[str, Any]:
+    hvd.init()  # idempotent: a second call changes nothing
+    return dict(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                local_size=hvd.local_size(), cross_rank=hvd.cross_rank(),
+                cross_size=hvd.cross_size(), homogeneous=hvd.is_homogeneous(),
+                threads=hvd.mpi_threads_supported(), mpi_enabled=hvd.mpi_enabled(),
+                mpi_built=hvd.mpi_built(), gloo=hvd.gloo_enabled())
+
+
+def reinit() -> Dict[str, Any]:
+    first = hvd.allreduce(np.ones(2), op=hvd.Sum).tolist()
+    ps = hvd.add_process_set([0])
+    hvd.shutdown()
+    was = hvd.is_initialized()
+    hvd.init()
+    return dict(first=first, initialized_after_shutdown=was, set_id_after=ps.process_set_id,
+                again=hvd.allreduce(np.ones(2), op=hvd.Sum).tolist())
+
+
+def process_sets() -> Dict[str, Any]:
+    rank = hvd.rank()
+    evens = hvd.add_process_set([r for r in range(hvd.size()) if r % 2 == 0])
+    odds = hvd.add_process_set(hvd.ProcessSet([r for r in range(hvd.size()) if r % 2 == 1]))
+    mine = evens if rank % 2 == 0 else odds
+    out = dict(ids=(evens.process_set_id, odds.process_set_id), set_rank=mine.rank(),
+               set_size=mine.size(), other_rank=(odds if mine is evens else evens).rank(),
+               sum=hvd.allreduce(np.array([rank]), op=hvd.Sum, process_set=mine).tolist(),
+               gathered=hvd.allgather_object(rank, process_set=mine),
+               bcast=hvd.broadcast_object(f"from {mine.ranks[-1]}", root_rank=mine.ranks[-1],
+                                          process_set=mine))
+    try:
+        hvd.add_process_set(evens.ranks)
+    except ValueError as exc:
+        out["duplicate"] = str(exc)
+    out["removed"] = hvd.remove_process_set(odds)
+    out["removed_again"] = hvd.remove_process_set(odds)
+    out["global_sum"] = hvd.allreduce(np.array([1]), op=hvd.Sum).tolist()
+    return out
+
+
+def join(batches: Any) -> Dict[str, Any]:
+    """Rank r has batches[r] steps of data; each step allreduces; then join()."""
+    rank = hvd.rank()
+    sums = []
+    for step in range(batches[rank]):
+        value = np.full(3, float(rank + 1 + step), np.float32)
+        sums.append(hvd.allreduce(value, op=hvd.Sum, name="grad").tolist())
+        grouped = hvd.grouped_allreduce([value, np.ones(2, np.int32)], op=hvd.Average)
+        sums.append([g.tolist() for g in grouped])
+    last = hvd.join()
+    after = hvd.allreduce(np.ones(1), op=hvd.Sum).tolist()
+    return dict(sums=sums, last=last, after=after)
+
+
+def join_then_allgather() -> Dict[str, Any]:
+    """Only allreduce may run while a rank has joined: anything else is an error on all ranks."""
+    try:
+        if hvd.rank() == 0:
+            hvd.join()
+        else:
+            hvd.allgather(np.ones(1))
+        return dict(error=None)
+    except ValueError as exc:
+        return dict(error=str(exc))
+
+
+def async_ops() -> Dict[str, Any]:
+    rank = hvd.rank()
+    handles = [hvd.allreduce_async(np.full(1000, rank, np.float64), op=hvd.Sum),
+               hvd.allgather_async(np.full((1, 2), rank)),
+               hvd.broadcast_async(np.full(2, rank), root_rank=0)]
+    polled = [h.poll() for h in handles]
+    results = [hvd.synchronize(h) for h in handles]
+    return dict(polled_types=[type(p).__name__ for p in polled],
+                sum=float(results[0][0]), gathered=results[1][:, 0].tolist(),
+                bcast=results[2].tolist(), poll_after=[hvd.poll(h) for h in handles],
+                same_result=handles[0].synchronize() is results[0])

@@ -1,0 +1,56 @@
+"""Bad input gets the same clear error on every rank, never a hang or a wrong result."""
+import pytest
+
+from mpi_harness import run_mpi
+
+# case -> (exception type, words the message must contain)
+EXPECTED = {
+    "shape_mismatch": ("CollectiveMismatchError", ["shape", "rank 0 has (3,)", "rank 1 has (4,)"]),
+    "dtype_mismatch": ("CollectiveMismatchError", ["dtype", "float32", "float64"]),
+    "op_mismatch": ("CollectiveMismatchError", ["op", "Sum", "Max"]),
+    "name_mismatch": ("CollectiveMismatchError", ["name", "grad_0", "grad_1"]),
+    "root_mismatch": ("CollectiveMismatchError", ["root"]),
+    "root_out_of_range": ("ValueError", ["root_rank", "is not a rank of"]),
+    "root_out_of_range_one_rank": ("ValueError", ["root_rank -1"]),
+    "unsupported_dtype_one_rank": ("TypeError", ["complex64", "not supported", "cast"]),
+    "unsupported_dtype_allgather": ("TypeError", ["<U1", "not supported"]),
+    "bool_average": ("TypeError", ["Average", "bool"]),
+    "unknown_op": ("ValueError", ["unknown reduction op 17"]),
+    "alltoall_bad_splits": ("ValueError", ["splits", "summing to the first dimension", "got [1, 1"]),
+    "alltoall_indivisible": ("ValueError", ["divisible", "splits="]),
+    "allgather_trailing_shape": ("CollectiveMismatchError", ["shape after the first dimension"]),
+    "grouped_length_mismatch": ("CollectiveMismatchError", ["shape"]),
+    "reducescatter_scalar": ("ValueError", ["scalar"]),
+    "different_collectives": ("CollectiveMismatchError", ["kind", "allgather", "allreduce"]),
+    "blocking_and_async_mixed": ("CollectiveMismatchError", ["allreduce_async"]),
+    "set_not_registered": ("ValueError", ["not registered", "add_process_set"]),
+}
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["np2", "np4"])
+def seen(request):
+    return run_mpi(request.param, "error_cases:run", timeout=120)
+
+
+@pytest.mark.parametrize("case", list(EXPECTED))
+def test_bad_input_raises_the_same_clear_error_on_every_rank(seen, case):
+    etype, words = EXPECTED[case]
+    for rank, per_rank in enumerate(seen):
+        got_type, message = per_rank[case]
+        assert got_type == etype, f"rank {rank}: {got_type}: {message}"
+        for word in words:
+            assert word in message, f"rank {rank}: {word!r} not in {message!r}"
+        assert per_rank[case + "/after"][0] == "ok", f"rank {rank}: job unusable after {case}"
+
+
+def test_non_member_rank_gets_a_local_error_and_members_proceed():
+    results = run_mpi(2, "error_cases:not_a_member", timeout=60)
+    assert results[0] == ("ok", "[1.0, 1.0]")
+    assert results[1][0] == "ValueError"
+    assert "rank 1 is not a member of ProcessSet(process_set_id=1, ranks=[0])" in results[1][1]
+
+
+def test_collective_before_init_says_to_call_init():
+    for got_type, message in run_mpi(2, "error_cases:before_init", timeout=60):
+        assert got_type == "NotInitializedError"
+        assert "call hvdlike.init()" in message

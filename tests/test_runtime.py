@@ -1,0 +1,119 @@
+"""init/shutdown, topology, process sets, join, async handles and failure handling."""
+import subprocess
+import sys
+
+import pytest
+
+from mpi_harness import TESTS, env_for, launch, run_mpi
+
+
+def test_topology_from_mpi_puts_all_local_ranks_on_one_node():
+    for r, t in enumerate(run_mpi(4, "runtime_cases:topology", timeout=60)):
+        assert (t["rank"], t["size"], t["local_rank"], t["local_size"]) == (r, 4, r, 4)
+        assert (t["cross_rank"], t["cross_size"], t["homogeneous"]) == (0, 1, True)
+        assert t["mpi_enabled"] and t["mpi_built"] and t["threads"] and not t["gloo"]
+
+
+@pytest.mark.parametrize("names,local,cross,homogeneous", [
+    ("a,a,b,b", [(0, 2), (1, 2), (0, 2), (1, 2)], [(0, 2), (0, 2), (1, 2), (1, 2)], True),
+    ("n1,n2,n1,n2", [(0, 2), (0, 2), (1, 2), (1, 2)], [(0, 2), (1, 2), (0, 2), (1, 2)], True),
+    ("x,x,x,y", [(0, 3), (1, 3), (2, 3), (0, 1)], [(0, 2), (0, 1), (0, 1), (1, 2)], False),
+])
+def test_node_names_override_simulates_several_nodes(names, local, cross, homogeneous):
+    results = run_mpi(4, "runtime_cases:topology", timeout=60, env=env_for(HVDLIKE_NODE_NAMES=names))
+    for r, t in enumerate(results):
+        assert (t["local_rank"], t["local_size"]) == local[r], f"rank {r}"
+        assert (t["cross_rank"], t["cross_size"]) == cross[r], f"rank {r}"
+        assert t["homogeneous"] is homogeneous
+
+
+def test_node_names_of_wrong_length_fail_on_every_rank():
+    job = launch(2, [sys.executable, "-c", "import hvdlike; hvdlike.init()"], timeout=60,
+                 env=env_for(HVDLIKE_NODE_NAMES="a,b,c"))
+    assert job.returncode != 0 and not job.timed_out
+    assert "HVDLIKE_NODE_NAMES lists 3 node names but the job has 2 ranks" in job.output
+
+
+def test_without_mpirun_runs_as_size_one_with_the_same_code():
+    code = ("import numpy as np, hvdlike as hvd; hvd.init(); "
+            "print(hvd.rank(), hvd.size(), hvd.local_size(), "
+            "hvd.allreduce(np.array([2.0, 4.0])).tolist(), hvd.allgather(np.ones((2, 1))).shape,"
+            " hvd.broadcast_object('x'), hvd.join())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "0 1 1 [2.0, 4.0] (2, 1) x 0"
+
+
+def test_import_does_not_load_mpi_or_tensorflow():
+    code = "import sys, hvdlike; print('mpi4py.MPI' in sys.modules, 'tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "False False"
+
+
+def test_shutdown_then_init_again_works_and_releases_process_sets():
+    for r in run_mpi(2, "runtime_cases:reinit", timeout=60):
+        assert r == dict(first=[2.0, 2.0], initialized_after_shutdown=False, set_id_after=None,
+                         again=[2.0, 2.0])
+
+
+def test_process_sets_run_collectives_on_their_members_only():
+    results = run_mpi(4, "runtime_cases:process_sets", timeout=60)
+    for rank, r in enumerate(results):
+        members = [0, 2] if rank % 2 == 0 else [1, 3]
+        assert r["ids"] == (1, 2)
+        assert (r["set_rank"], r["set_size"], r["other_rank"]) == (members.index(rank), 2, -1)
+        assert r["sum"] == [sum(members)]
+        assert r["gathered"] == members
+        assert r["bcast"] == f"from {members[-1]}"
+        assert "already exists" in r["duplicate"]
+        assert (r["removed"], r["removed_again"], r["global_sum"]) == (True, False, [4])
+
+
+def test_join_lets_ranks_with_less_data_contribute_zeros():
+    batches = [1, 3, 2, 3]
+    results = run_mpi(4, "runtime_cases:join", timeout=60, batches=batches)
+    for rank, r in enumerate(results):
+        assert r["last"] == 3  # ranks 1 and 3 join last, in the same round: the highest
+        assert r["after"] == [4.0]
+        for step in range(batches[rank]):
+            active = [q for q in range(4) if batches[q] > step]
+            total = float(sum(q + 1 + step for q in active))
+            assert r["sums"][2 * step] == [total] * 3
+            # Average divides by the full size; joined ranks contributed zeros
+            assert r["sums"][2 * step + 1] == [[total / 4] * 3, [len(active) // 4] * 2]
+
+
+def test_only_allreduce_may_run_while_a_rank_has_joined():
+    for r in run_mpi(2, "runtime_cases:join_then_allgather", timeout=60):
+        assert "ranks [0] have already called hvdlike.join()" in r["error"]
+
+
+def test_async_handles_poll_and_synchronize():
+    for r in run_mpi(2, "runtime_cases:async_ops", timeout=60):
+        assert r["polled_types"] == ["bool"] * 3
+        assert r["sum"] == 1.0 and r["gathered"] == [0, 1] and r["bcast"] == [0, 0]
+        assert r["poll_after"] == [True] * 3 and r["same_result"]
+
+
+FAILURE = str(TESTS / "mpi_cases" / "failure_cases.py")
+
+
+def test_uncaught_exception_on_one_rank_aborts_the_whole_job():
+    job = launch(2, [sys.executable, FAILURE, "hvdlike"], timeout=30)
+    assert not job.timed_out, "the job hung: other ranks were not aborted"
+    assert job.returncode != 0
+    assert job.output.count("RuntimeError: rank 1 fails before the allreduce") == 1
+    assert "hvdlike: rank 1 of 2 raised an uncaught RuntimeError" in job.output
+    print(f"aborted in {job.seconds:.1f} s")
+
+
+def test_plain_mpi4py_would_hang_in_the_same_situation():
+    """The control experiment for the test above: without hvdlike the job does not end."""
+    job = launch(2, [sys.executable, FAILURE, "plain_mpi4py"], timeout=8)
+    assert job.timed_out
+
+
+def test_abort_on_exception_can_be_turned_off():
+    job = launch(2, [sys.executable, FAILURE, "opt_out"], timeout=8)
+    assert job.timed_out  # the user asked for plain MPI behaviour, hang included
