@@ -44,10 +44,7 @@ def _setup(process_set: ProcessSet, what: str) -> Tuple[runtime._State, Any]:
 def _negotiate(st: runtime._State, process_set: ProcessSet, comm: Any, request: Request,
                error: Optional[checks.LocalError]) -> None:
     if st.settings.consistency_check:
-        control = process_set.__dict__.get("_control")
-        if control is None:
-            control = process_set._control = checks.Control()
-        checks.negotiate(st.transport, comm, control, request, error)
+        checks.negotiate(st.transport, comm, process_set._control, request, error)
     elif error is not None:
         checks.resolve([(request, error)])  # raises the local error
 
@@ -561,12 +558,10 @@ def join() -> int:
     if not st.settings.consistency_check:
         raise ValueError("hvdlike.join() needs the consistency check: unset "
                          "HVDLIKE_CONSISTENCY_CHECK or set it to 1")
-    control = process_set.__dict__.get("_control")
-    if control is None:
-        control = process_set._control = checks.Control()
     first = True
     while True:
-        done, last, request = checks.join_round(st.transport, comm, control, st.rank, first)
+        done, last, request = checks.join_round(st.transport, comm, process_set._control,
+                                                st.rank, first)
         first = False
         if done:
             return last

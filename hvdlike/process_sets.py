@@ -6,7 +6,7 @@ Registering or removing a set is collective over the whole world: every rank cal
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 from . import runtime
-from .checks import raised_on_every_rank
+from .checks import Control, raised_on_every_rank
 from .errors import CollectiveMismatchError
 
 
@@ -20,6 +20,7 @@ class ProcessSet:
         self.process_set_id: Optional[int] = None
         self._comm: Any = None  # the set's MPI communicator on members, None elsewhere
         self._rank = -1
+        self._control = Control()  # buffers for the consistency check on this set
 
     def _bind(self, process_set_id: int, ranks: List[int], comm: Any) -> None:
         self.process_set_id, self.ranks, self._comm = process_set_id, ranks, comm
