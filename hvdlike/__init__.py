@@ -1,8 +1,10 @@
 """hvdlike: Horovod-style data-parallel training on MPI.
 
-``import hvdlike as hvd; hvd.init()``; then collectives on NumPy arrays. This module imports
-neither MPI (that happens in ``init``) nor TensorFlow.
+``import hvdlike as hvd; hvd.init()``; then collectives on NumPy arrays or TensorFlow values
+(those go to ``hvdlike.tensorflow``). This module imports neither MPI (that happens in ``init``)
+nor TensorFlow: the TensorFlow names below load it on first use.
 """
+import importlib as _importlib
 from .collectives import (
     allgather,
     allgather_async,
@@ -49,3 +51,20 @@ from .runtime import (
 )
 
 __version__ = "0.1.0"
+
+_TF_NAMES = {
+    "hvdlike.tensorflow": ("DistributedOptimizer", "DistributedGradientTape", "Compression",
+                           "broadcast_variables", "broadcast_global_variables", "shard_dataset"),
+    "hvdlike.tensorflow.keras": ("callbacks", "load_model"),
+    "hvdlike.tensorflow.keras.callbacks": (
+        "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
+        "LearningRateWarmupCallback", "LearningRateScheduleCallback"),
+}
+_TF_MODULE_OF = {name: module for module, names in _TF_NAMES.items() for name in names}
+
+
+def __getattr__(name: str):  # noqa: ANN201 - module-level lazy attributes
+    module = _TF_MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hvdlike' has no attribute {name!r}")
+    return getattr(_importlib.import_module(module), name)

@@ -16,6 +16,7 @@ from .checks import Request
 from .handles import Handle
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import ReduceOp, as_reduce_op
+from .tf_dispatch import accepts_tf_values
 
 Submitted = Tuple[List[Any], Callable[[], Any]]
 _pool = fusion.BufferPool()
@@ -143,6 +144,7 @@ def _allreduce_data(st: runtime._State, comm: Any, a: np.ndarray, op: ReduceOp,
     return _pending(pending), lambda: _finish_reduced(recv, a.dtype, op, scale[1], n)
 
 
+@accepts_tf_values
 def allreduce(x: Any, op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
@@ -223,6 +225,7 @@ def _grouped_allreduce_data(st: runtime._State, comm: Any, arrays: List[np.ndarr
     return requests, finish
 
 
+@accepts_tf_values
 def grouped_allreduce(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
@@ -265,6 +268,7 @@ def _submit_allgather(x: Any, name: Optional[str], process_set: ProcessSet,
     return _pending(pending), lambda: out
 
 
+@accepts_tf_values
 def allgather(x: Any, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenate every rank's ``x`` along the first dimension, in rank order.
@@ -312,6 +316,7 @@ def _submit_grouped_allgather(xs: Sequence[Any], name: Optional[str], process_se
     return _pending(pending), finish
 
 
+@accepts_tf_values
 def grouped_allgather(xs: Sequence[Any], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """``allgather`` of a list of arrays in one MPI call. Returns a list of new arrays."""
@@ -349,6 +354,7 @@ def _submit_broadcast(x: Any, root_rank: int, name: Optional[str], process_set: 
     return _pending(pending), lambda: out
 
 
+@accepts_tf_values
 def broadcast(x: Any, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Every rank gets a new array equal to ``x`` on ``root_rank`` (a world rank in the set).
@@ -398,6 +404,7 @@ def _submit_alltoall(x: Any, splits: Any, name: Optional[str], process_set: Proc
     return _pending(pending), lambda: (out, recv_splits)
 
 
+@accepts_tf_values
 def alltoall(x: Any, splits: Any = None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set) -> Tuple[np.ndarray, np.ndarray]:
     """Send ``splits[r]`` consecutive rows of ``x`` to rank r (equal parts when splits is None).
@@ -435,6 +442,7 @@ def _submit_reducescatter(x: Any, op: Any, name: Optional[str], process_set: Pro
                                          postscale_factor, blocking, single=True)
 
 
+@accepts_tf_values
 def reducescatter(x: Any, op: Any = ReduceOp.AVERAGE, name: Optional[str] = None,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> np.ndarray:
@@ -516,6 +524,7 @@ def _submit_grouped_reducescatter(xs: Sequence[Any], op: Any, name: Optional[str
     return requests, finish
 
 
+@accepts_tf_values
 def grouped_reducescatter(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                           name: Optional[str] = None,
                           process_set: ProcessSet = global_process_set,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: set up .venv, then train the example under `hvdlikerun -np 2` on synthetic data.
+# The main job: set up .venv, then train a Keras CNN with model.fit under `hvdlikerun -np 2`
+# (synthetic MNIST-shaped data; pass --data mnist.npz for the real thing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh
-exec .venv/bin/hvdlikerun -np "${NP:-2}" .venv/bin/python examples/numpy_data_parallel.py "$@"
+exec .venv/bin/hvdlikerun -np "${NP:-2}" .venv/bin/python examples/keras_mnist.py "$@"

@@ -2,11 +2,13 @@
 
 ``run_mpi(np, "module:function", **kwargs)`` runs ``function(**kwargs)`` on every rank after
 ``hvdlike.init()`` (modules are looked up in tests/mpi_cases/) and returns the list of each
-rank's pickled return value, indexed by rank. ``launch`` runs any command and returns the
-completed job, for tests that expect a failure.
+rank's pickled return value, indexed by rank. ``run_script(np, script, *args)`` runs a whole
+script (an example, or a worker under tests/tf/workers that prints ``CHECK <name> rank=<r> OK``
+lines) and returns the completed Job. ``launch`` runs any command under hvdlikerun.
 """
 import dataclasses
 import os
+import re
 import pickle
 import signal
 import subprocess
@@ -17,8 +19,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 WORKER = TESTS / "mpi_worker.py"
+SCRIPT_DIRS = (REPO, TESTS / "mpi_cases", TESTS / "tf" / "workers")
 DEFAULT_TIMEOUT = 120.0
+TEST_ENV = dict(TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0", CUDA_VISIBLE_DEVICES="",
+                PYTHONUNBUFFERED="1")
 
 
 @dataclasses.dataclass
@@ -28,13 +34,22 @@ class Job:
     seconds: float
     timed_out: bool
 
+    def passed(self, check: str, nranks: int) -> bool:
+        """True when every rank 0..nranks-1 printed ``CHECK <check> rank=<r> OK``."""
+        return all(re.search(rf"^CHECK {re.escape(check)} rank={r} OK$", self.output, re.M)
+                   for r in range(nranks))
+
+    def lines(self, prefix: str) -> List[str]:
+        return [line for line in self.output.splitlines() if line.startswith(prefix)]
+
 
 def launch(np: int, argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT,
-           env: Optional[Mapping[str, str]] = None) -> Job:
-    """Run ``hvdlikerun -np N argv...``; kill the whole job if it runs past ``timeout``."""
-    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+           env: Optional[Mapping[str, str]] = None, mpi: bool = True) -> Job:
+    """Run ``hvdlikerun -np N argv...`` (or argv alone, as one process, when ``mpi`` is False);
+    kill the whole job if it runs past ``timeout``."""
+    full_env = dict(os.environ, **TEST_ENV)
     full_env.update(env or {})
-    cmd = [sys.executable, "-m", "hvdlike.runner", "-np", str(np), *argv]
+    cmd = [sys.executable, "-m", "hvdlike.runner", "-np", str(np), *argv] if mpi else list(argv)
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=full_env, cwd=TESTS.parent, start_new_session=True)
@@ -69,6 +84,19 @@ def run_mpi(np: int, target: str, timeout: float = DEFAULT_TIMEOUT,
                 raise AssertionError(f"rank {r} of {target} wrote no result:\n{job.output[-6000:]}")
             results.append(pickle.loads(path.read_bytes()))
         return results
+
+
+def run_script(np: int, script: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
+               env: Optional[Mapping[str, str]] = None, mpi: bool = True) -> Job:
+    """Run ``python script args...`` on ``np`` ranks (or as one plain process when ``mpi`` is
+    False). ``script`` is a path relative to the repository, tests/mpi_cases or tests/tf/workers."""
+    path = next((d / script for d in SCRIPT_DIRS if (d / script).is_file()), None)
+    if path is None:
+        raise FileNotFoundError(f"no script {script} in {[str(d) for d in SCRIPT_DIRS]}")
+    job = launch(np, [sys.executable, str(path), *map(str, args)], timeout, env, mpi)
+    if job.timed_out:
+        job.output += f"\n[harness] TIMEOUT after {timeout:.0f} s: {script}"
+    return job
 
 
 def env_for(**values: Any) -> Dict[str, str]:

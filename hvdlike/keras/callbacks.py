@@ -1,0 +1,5 @@
+"""``hvdlike.keras.callbacks`` is ``hvdlike.tensorflow.keras.callbacks``."""
+from hvdlike.tensorflow.keras.callbacks import (  # noqa: F401
+    BroadcastGlobalVariablesCallback, MetricAverageCallback, LearningRateScheduleCallback,
+    LearningRateWarmupCallback, ModelCheckpoint, BestModelCheckpoint,
+)

@@ -1,0 +1,31 @@
+"""hvdlike for TensorFlow 2 (like ``horovod.tensorflow``): re-exports only."""
+from hvdlike import (  # noqa: F401
+    init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
+    cross_size, ReduceOp, Average, Sum, Min, Max, Product, ProcessSet, global_process_set,
+    add_process_set, remove_process_set, CollectiveMismatchError, NotInitializedError,
+    mpi_enabled, mpi_built, mpi_threads_supported, gloo_enabled, gloo_built, nccl_built,
+    is_homogeneous,
+)
+
+from hvdlike.tensorflow.compression import Compression  # noqa: F401
+from hvdlike.tensorflow.ops import (  # noqa: F401
+    allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast, alltoall,
+    reducescatter, grouped_reducescatter, join, barrier, rank_op, size_op, local_rank_op,
+    local_size_op,
+)
+from hvdlike.tensorflow.tape import DistributedGradientTape  # noqa: F401
+from hvdlike.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
+from hvdlike.tensorflow.functions import (  # noqa: F401
+    broadcast_variables, broadcast_global_variables, broadcast_object, allgather_object,
+)
+from hvdlike.tensorflow.data import shard_dataset  # noqa: F401
+
+
+
+def cuda_built():
+    """The TensorFlow frontend moves data through host memory only."""
+    return False
+
+
+def rocm_built():
+    return False

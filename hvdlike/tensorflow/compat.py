@@ -1,0 +1,62 @@
+"""TensorFlow / Keras version shims: the only place that knows which Keras is in use.
+
+Keras 3 (``import keras``) is the default.  With ``TF_USE_LEGACY_KERAS=1`` TensorFlow
+itself uses ``tf_keras`` (Keras 2), and so do we.
+"""
+import os
+
+import tensorflow as tf
+
+try:  # private, but stable since TF 2.0; used only to detect XLA compilation
+    from tensorflow.python.ops import control_flow_util as _cfu
+except Exception:  # pragma: no cover - very old/new TF
+    _cfu = None
+
+
+def use_legacy_keras():
+    """True when TF_USE_LEGACY_KERAS selects tf_keras (Keras 2)."""
+    return os.environ.get("TF_USE_LEGACY_KERAS", "0").strip().lower() in ("1", "true", "yes")
+
+
+def keras():
+    """The Keras module TensorFlow uses in this process (keras 3 or tf_keras)."""
+    if use_legacy_keras():
+        import tf_keras
+        return tf_keras
+    import keras as k
+    return k
+
+
+def is_keras3():
+    return not use_legacy_keras()
+
+
+def optimizer_base_classes():
+    """Optimizer base classes we can wrap, for the Keras in use."""
+    k = keras()
+    bases = [k.optimizers.Optimizer]
+    if use_legacy_keras():
+        legacy = getattr(k.optimizers, "legacy", None)
+        if legacy is not None:
+            bases.append(legacy.Optimizer)
+    return tuple(bases)
+
+
+def loss_scale_optimizer_class():
+    k = keras()
+    return k.mixed_precision.LossScaleOptimizer
+
+
+def in_xla_context():
+    """True while tracing a function compiled with jit_compile=True (XLA)."""
+    if _cfu is None or tf.executing_eagerly():
+        return False
+    try:
+        return bool(_cfu.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+    except Exception:  # pragma: no cover
+        return False
+
+
+def numpy_dtype(tf_dtype):
+    """NumPy dtype for a tf.DType (bfloat16 maps to ml_dtypes.bfloat16)."""
+    return tf_dtype.as_numpy_dtype

@@ -1,0 +1,100 @@
+"""Broadcasting and gathering TensorFlow state and Python objects."""
+import numpy as np
+import tensorflow as tf
+
+import hvdlike as _core
+
+from hvdlike.tensorflow import ops as _ops
+
+
+def _fused_broadcast_np(root_rank, process_set):
+    """NumPy function: broadcast many arrays with one core call per dtype."""
+    def np_fn(*arrays):
+        by_dtype = {}
+        for i, a in enumerate(arrays):
+            by_dtype.setdefault(np.dtype(a.dtype), []).append(i)
+        out = [None] * len(arrays)
+        for dt, idx in sorted(by_dtype.items(), key=lambda kv: kv[0].str):
+            flat = np.concatenate([np.ravel(arrays[i]) for i in idx]) if idx else None
+            flat = _core.broadcast(flat, root_rank, name=f"broadcast_variables/{dt.str}",
+                                   process_set=process_set)
+            off = 0
+            for i in idx:
+                n = arrays[i].size
+                out[i] = flat[off:off + n].reshape(arrays[i].shape)
+                off += n
+        return out
+    return np_fn
+
+
+def broadcast_variables(variables, root_rank, process_set=_core.global_process_set,
+                        inplace=False):
+    """Assign ``root_rank``'s values to ``variables`` on every rank.
+
+    Every rank passes the same list of variables (same order, dtypes and shapes),
+    e.g. ``model.variables`` or ``optimizer.variables``.  Variables are fused into one
+    broadcast per dtype.  Works eagerly and inside ``tf.function``; returns ``None``
+    in TF2 and the grouped assign op in a TF1 graph.
+    """
+    variables = list(variables)
+    if not variables:
+        return None
+    for v in variables:
+        if tf.as_dtype(v.dtype) not in _ops._SUPPORTED_DTYPES:
+            raise TypeError(f"hvdlike.tensorflow.broadcast_variables: variable "
+                            f"{getattr(v, 'name', '?')!r} has dtype {tf.as_dtype(v.dtype).name},"
+                            " which cannot be broadcast; use broadcast_object for it.")
+    values = [tf.convert_to_tensor(v) for v in variables]
+    outs = _ops._run("broadcast_variables", _fused_broadcast_np(root_rank, process_set),
+                     values, [t.dtype for t in values], [t.shape for t in values])
+    assigns = [v.assign(o) for v, o in zip(variables, outs)]
+    if tf.compat.v1.executing_eagerly_outside_functions():
+        return None  # eager, or inside tf.function (automatic control dependencies)
+    return tf.group(*[a for a in assigns if a is not None])
+
+
+def broadcast_global_variables(root_rank):
+    """TF1 graph mode only: broadcast all ``tf.compat.v1`` global variables.
+
+    In TF2 (eager or tf.function) there is no global-variables collection: use
+    ``broadcast_variables(model.variables, root_rank)`` or the Keras
+    ``BroadcastGlobalVariablesCallback`` instead.
+    """
+    if tf.executing_eagerly() or tf.compat.v1.executing_eagerly_outside_functions():
+        raise RuntimeError(
+            "hvdlike.tensorflow.broadcast_global_variables does not work in TF2 eager mode "
+            "or tf.function (there is no global variables collection). Use "
+            "hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0) "
+            "or hvdlike.keras.callbacks.BroadcastGlobalVariablesCallback(0).")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def _to_python(obj):
+    if isinstance(obj, (tf.Tensor, tf.Variable)):
+        return obj.numpy()
+    return obj
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None,
+                     process_set=_core.global_process_set):
+    """Return ``root_rank``'s ``obj`` (any picklable value; TF tensors as NumPy) on every rank."""
+    return _core.broadcast_object(tf.nest.map_structure(_to_python, obj)
+                                  if isinstance(obj, (list, tuple, dict)) else _to_python(obj),
+                                  root_rank=root_rank, process_set=process_set)
+
+
+def allgather_object(obj, session=None, name=None, process_set=_core.global_process_set):
+    """Return ``[obj of rank 0, obj of rank 1, ...]`` on every rank (TF tensors as NumPy)."""
+    return _core.allgather_object(tf.nest.map_structure(_to_python, obj)
+                                  if isinstance(obj, (list, tuple, dict)) else _to_python(obj),
+                                  process_set=process_set)
+
+
+def broadcast_model_and_optimizer(model, optimizer=None, root_rank=0,
+                                  process_set=_core.global_process_set):
+    """Broadcast a Keras model's variables and (if built) its optimizer's variables."""
+    variables = list(model.variables)
+    opt = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+    if opt is not None:
+        variables += list(getattr(opt, "variables", []) or [])
+    broadcast_variables(variables, root_rank, process_set=process_set)

@@ -1,0 +1,131 @@
+"""Reducing a list of gradients: shared by DistributedGradientTape and DistributedOptimizer.
+
+All dense gradients of one call go through one fused grouped allreduce per group
+(one group by default).  ``None`` gradients stay ``None``.  ``tf.IndexedSlices`` are
+allgathered (values and indices) unless ``sparse_as_dense=True``.
+"""
+import tensorflow as tf
+
+import hvdlike as _core
+from hvdlike import Average, Sum, ReduceOp
+
+from hvdlike.tensorflow import ops as _ops
+from hvdlike.tensorflow.compression import Compression
+
+
+class GradientReducer:
+    """Holds the reduction settings of a tape or optimizer and applies them.
+
+    ``op``: Average or Sum.  ``gradient_predivide_factor`` f: with op=Average the
+    gradients are scaled by 1/f before the sum and by f/size after it (Horovod's
+    semantics); the result is still the average.  ``num_groups`` splits the gradient
+    list into that many fused reductions; ``groups`` is an explicit partition (a list of
+    lists of variables).  ``scale_local_gradients``: kept for Horovod compatibility.
+    """
+
+    def __init__(self, compression=Compression.none, sparse_as_dense=False, op=Average,
+                 gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                 process_set=_core.global_process_set, name=None, owner="DistributedOptimizer"):
+        op = ReduceOp(op)
+        if op not in (Average, Sum):
+            raise ValueError(f"hvdlike.tensorflow.{owner}: op must be hvdlike.Average or "
+                             f"hvdlike.Sum for gradients (got {op.name}).")
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError(f"hvdlike.tensorflow.{owner}: gradient_predivide_factor is only "
+                             "supported with op=Average.")
+        if num_groups and groups is not None:
+            raise ValueError(f"hvdlike.tensorflow.{owner}: pass num_groups or groups, not both.")
+        if num_groups < 0:
+            raise ValueError(f"hvdlike.tensorflow.{owner}: num_groups must be >= 0.")
+        if groups is not None:
+            if not isinstance(groups, (list, tuple)) or not all(
+                    isinstance(g, (list, tuple)) for g in groups):
+                raise ValueError(f"hvdlike.tensorflow.{owner}: groups must be a list of lists "
+                                 "of variables (or None).")
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.op = op
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.num_groups = int(num_groups)
+        self.groups = groups
+        self.process_set = process_set
+        self.name = name
+        self.owner = owner
+
+    def _scales(self):
+        f = self.gradient_predivide_factor
+        if self.op == Average and f != 1.0:
+            return Sum, 1.0 / f, f / self.process_set.size()
+        return self.op, 1.0, 1.0
+
+    def _partition(self, idx, variables):
+        """Split the positions ``idx`` of non-None gradients into fusion groups."""
+        if self.groups is not None and variables is not None:
+            ref_to_group = {}
+            for gi, group in enumerate(self.groups):
+                for v in group:
+                    ref_to_group[v.ref() if hasattr(v, "ref") else id(v)] = gi
+            parts = [[] for _ in range(len(self.groups) + 1)]
+            for i in idx:
+                v = variables[i]
+                key = v.ref() if hasattr(v, "ref") else id(v)
+                parts[ref_to_group.get(key, len(self.groups))].append(i)
+            return [p for p in parts if p]
+        if self.num_groups > 1 and len(idx) > 1:
+            n = min(self.num_groups, len(idx))
+            size, rem = divmod(len(idx), n)
+            parts, start = [], 0
+            for g in range(n):
+                end = start + size + (1 if g < rem else 0)
+                parts.append(idx[start:end])
+                start = end
+            return parts
+        return [idx]
+
+    def _reduce_single_rank(self, grads):
+        """One rank: the reduction is the identity (Average and Sum agree), so skip the
+        host round-trip; compression is still applied so results match np>1 rounding."""
+        out = []
+        for g in grads:
+            if g is None:
+                out.append(None)
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                if self.sparse_as_dense:
+                    g = tf.convert_to_tensor(g)
+                else:
+                    v, ctx = self.compression.compress(g.values)
+                    out.append(tf.IndexedSlices(self.compression.decompress(v, ctx),
+                                                g.indices, g.dense_shape))
+                    continue
+            c, ctx = self.compression.compress(tf.convert_to_tensor(g))
+            out.append(self.compression.decompress(c, ctx))
+        return out
+
+    def reduce(self, grads, variables=None):
+        """Return the reduced gradients (same structure, ``None`` kept)."""
+        grads = list(grads)
+        if self.process_set.size() == 1:
+            return self._reduce_single_rank(grads)
+        op, pre, post = self._scales()
+        out = list(grads)
+        idx = [i for i, g in enumerate(grads) if g is not None]
+        if not idx:
+            return out
+        for gi, part in enumerate(self._partition(idx, variables)):
+            name = None if self.name is None else f"{self.name}/group{gi}"
+            try:
+                reduced = _ops.grouped_allreduce(
+                    [grads[i] for i in part], op=op, prescale_factor=pre,
+                    postscale_factor=post, compression=self.compression, name=name,
+                    process_set=self.process_set, sparse_as_dense=self.sparse_as_dense)
+            except _core.CollectiveMismatchError as e:
+                raise _core.CollectiveMismatchError(
+                    f"hvdlike.tensorflow.{self.owner}: the gradients differ across ranks "
+                    f"({e}). Every rank must produce gradients for the same variables with "
+                    "the same shapes: check for gradients that are None on some ranks only "
+                    "(variables not used in the loss on every rank) and for data-dependent "
+                    "model structure.") from e
+            for i, r in zip(part, reduced):
+                out[i] = r
+        return out

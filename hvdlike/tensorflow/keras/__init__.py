@@ -1,0 +1,12 @@
+"""hvdlike for Keras on TensorFlow (like ``horovod.tensorflow.keras``): re-exports only."""
+from hvdlike.tensorflow import (  # noqa: F401
+    init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
+    cross_size, ReduceOp, Average, Sum, Min, Max, Product, ProcessSet, global_process_set,
+    add_process_set, remove_process_set, CollectiveMismatchError, NotInitializedError,
+    Compression, allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast,
+    alltoall, reducescatter, grouped_reducescatter, join, barrier, DistributedOptimizer,
+    DistributedGradientTape, broadcast_variables, broadcast_global_variables,
+    broadcast_object, allgather_object, shard_dataset,
+)
+from hvdlike.tensorflow.keras import callbacks  # noqa: F401
+from hvdlike.tensorflow.keras.saving import load_model  # noqa: F401

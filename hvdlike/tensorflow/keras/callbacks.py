@@ -1,0 +1,199 @@
+"""Keras callbacks for hvdlike (names and behaviour follow horovod.keras.callbacks)."""
+import numpy as np
+
+import hvdlike as _core
+
+from hvdlike.tensorflow import compat
+from hvdlike.tensorflow.functions import broadcast_variables
+
+_keras = compat.keras()
+
+
+def _optimizer_variables(optimizer):
+    if optimizer is None:
+        return []
+    v = getattr(optimizer, "variables", [])
+    return list(v() if callable(v) else v)
+
+
+class BroadcastGlobalVariablesCallback(_keras.callbacks.Callback):
+    """Make every rank start training from ``root_rank``'s model and optimizer state.
+
+    At the beginning of every ``fit`` (so also after ``load_weights``/restoring a
+    checkpoint between fits) the model's variables and the optimizer's variables
+    (iterations, slots, loss scale) are broadcast from ``root_rank``.  If the optimizer
+    creates its variables only during the first step, they are broadcast again after
+    that step.  Every rank must use this callback.
+    """
+
+    def __init__(self, root_rank=0, device="", process_set=_core.global_process_set):
+        super().__init__()
+        self.root_rank = root_rank
+        self.process_set = process_set
+        self._opt_count = None
+
+    def _broadcast(self):
+        opt_vars = _optimizer_variables(getattr(self.model, "optimizer", None))
+        broadcast_variables(list(self.model.variables) + opt_vars, self.root_rank,
+                            process_set=self.process_set)
+        return len(opt_vars)
+
+    def on_train_begin(self, logs=None):
+        self._opt_count = self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._opt_count is not None and self._opt_count != len(
+                _optimizer_variables(getattr(self.model, "optimizer", None))):
+            self._opt_count = self._broadcast()
+
+
+class MetricAverageCallback(_keras.callbacks.Callback):
+    """Average the epoch's metrics (``logs``, including ``val_*``) over ranks at epoch end.
+
+    Put it before callbacks that read the metrics (checkpointing, early stopping,
+    learning-rate on plateau); Keras's progress bar and History run after user
+    callbacks and so show and record the averaged values.  Every rank must use it.
+    """
+
+    def __init__(self, device="", process_set=_core.global_process_set):
+        super().__init__()
+        self.process_set = process_set
+
+    def _average(self, logs):
+        if not logs:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and
+                      np.issubdtype(np.asarray(v).dtype, np.number))
+        if not keys:
+            return
+        vals = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        avg = _core.allreduce(vals, op=_core.Average, name="MetricAverageCallback",
+                              process_set=self.process_set)
+        for k, v in zip(keys, avg):
+            logs[k] = float(v)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._average(logs)
+
+
+def _set_lr(optimizer, lr):
+    try:
+        optimizer.learning_rate = lr
+    except Exception as e:  # LearningRateSchedule or read-only learning rate
+        raise ValueError("hvdlike learning-rate callbacks need an optimizer with a plain "
+                         "(variable) learning rate, not a LearningRateSchedule; use one or "
+                         f"the other ({e}).") from e
+
+
+def _get_lr(optimizer):
+    return float(np.asarray(optimizer.learning_rate))
+
+
+class LearningRateScheduleCallback(_keras.callbacks.Callback):
+    """Set ``lr = initial_lr * multiplier(epoch)`` for epochs in ``[start_epoch, end_epoch)``.
+
+    ``multiplier`` is a number or a function of the (fractional, when
+    ``staircase=False``) epoch.  ``steps_per_epoch`` defaults to Keras's count.
+    ``initial_lr`` defaults to the optimizer's learning rate at train begin.
+    ``momentum_correction`` is accepted for Horovod compatibility; Keras 3 optimizers
+    compile momentum as a constant, so it is not applied.
+    """
+
+    def __init__(self, initial_lr=None, multiplier=1.0, start_epoch=0, end_epoch=None,
+                 staircase=True, momentum_correction=True, steps_per_epoch=None, verbose=0):
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.steps_per_epoch = steps_per_epoch
+        self.verbose = verbose
+        self.current_epoch = None
+
+    def _active(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def on_train_begin(self, logs=None):
+        if self.initial_lr is None:
+            self.initial_lr = _get_lr(self.model.optimizer)
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = (self.params or {}).get("steps")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+        if self._active(epoch) and (self.staircase or not self.steps_per_epoch):
+            _set_lr(self.model.optimizer, self.initial_lr * self.multiplier(epoch))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.staircase or not self.steps_per_epoch or not self._active(self.current_epoch):
+            return
+        epoch = self.current_epoch + float(batch) / self.steps_per_epoch
+        _set_lr(self.model.optimizer, self.initial_lr * self.multiplier(epoch))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["learning_rate"] = _get_lr(self.model.optimizer)
+        if self.verbose and _core.rank() == 0:
+            print(f"\nEpoch {epoch + 1}: learning rate {_get_lr(self.model.optimizer):.6g}")
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Ramp the learning rate from ``initial_lr / size()`` to ``initial_lr`` over
+    ``warmup_epochs`` (per batch), as recommended for large global batches (Goyal et al.).
+    """
+
+    def __init__(self, initial_lr=None, warmup_epochs=5, momentum_correction=True,
+                 steps_per_epoch=None, verbose=0):
+        n = _core.size()
+
+        def multiplier(epoch):
+            epoch = min(epoch, warmup_epochs)
+            return 1.0 / n * (epoch * (n - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr=initial_lr, multiplier=multiplier, start_epoch=0,
+                         end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch, verbose=verbose)
+        self.warmup_epochs = warmup_epochs
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.warmup_epochs - 1:
+            _set_lr(self.model.optimizer, self.initial_lr)
+            if self.verbose and _core.rank() == 0:
+                print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                      f"{self.initial_lr:.6g}.")
+
+
+class ModelCheckpoint(_keras.callbacks.ModelCheckpoint):
+    """``keras.callbacks.ModelCheckpoint`` that writes only on rank 0.
+
+    Every rank may use it (the others do nothing), so the same script runs on all
+    ranks.  Use it after MetricAverageCallback when monitoring a metric.
+    """
+
+    def __init__(self, *args, root_rank=0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._hvd_writer = _core.rank() == root_rank
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._hvd_writer:
+            super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._hvd_writer:
+            super().on_epoch_end(epoch, logs)
+
+    def on_train_end(self, logs=None):
+        if self._hvd_writer and hasattr(super(), "on_train_end"):
+            super().on_train_end(logs)
+
+
+class BestModelCheckpoint(ModelCheckpoint):
+    """Rank-0 checkpoint of the best model so far (``save_best_only=True``)."""
+
+    def __init__(self, filepath, monitor="val_loss", verbose=0, mode="auto", save_freq="epoch",
+                 **kwargs):
+        super().__init__(filepath, monitor=monitor, verbose=verbose, save_best_only=True,
+                         mode=mode, save_freq=save_freq, **kwargs)

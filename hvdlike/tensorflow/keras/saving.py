@@ -1,0 +1,21 @@
+"""Loading a saved Keras model with its optimizer re-wrapped for hvdlike."""
+from hvdlike.tensorflow import compat
+from hvdlike.tensorflow.compression import Compression
+from hvdlike.tensorflow.optimizer import distributed_optimizer_classes
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none, **optimizer_kwargs):
+    """Load a model saved with ``model.save`` and wrap its optimizer (state restored).
+
+    The optimizer comes back as a DistributedOptimizer of the same class, config and
+    variables (iterations, slots).  ``custom_optimizers``: your own optimizer classes
+    (subclasses of the Keras optimizer), ``custom_objects``: passed to Keras.
+    ``optimizer_kwargs``: other DistributedOptimizer settings (e.g. op,
+    backward_passes_per_step).  Every rank may load the same file; follow with
+    BroadcastGlobalVariablesCallback (or broadcast_variables) to be safe.
+    """
+    objs = distributed_optimizer_classes(custom_optimizers, compression=compression,
+                                         **optimizer_kwargs)
+    objs.update(custom_objects or {})
+    return compat.keras().models.load_model(filepath, custom_objects=objs)

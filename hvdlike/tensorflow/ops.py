@@ -1,0 +1,503 @@
+"""Collectives on TensorFlow values, with gradients.
+
+Every collective has ONE implementation: a function on NumPy arrays that calls the
+hvdlike core.  It is run directly in eager mode, and through ``tf.numpy_function``
+inside ``tf.function`` (Keras ``fit`` compiles its train step).  Shapes are set
+statically on the graph outputs wherever they are known.
+
+All ranks of the process set must call the same collectives in the same order with
+consistent metadata (dtype, shape, op, root); a mismatch raises
+``hvdlike.CollectiveMismatchError`` on every rank.
+"""
+import numpy as np
+import tensorflow as tf
+
+import hvdlike as _core
+from hvdlike import Average, Sum, Min, Max, Product, ReduceOp, global_process_set  # noqa: F401
+
+from hvdlike.tensorflow import compat
+from hvdlike.tensorflow.compression import Compression
+
+_SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
+                     tf.int32, tf.int64, tf.uint8, tf.bool)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _label(tensor, name):
+    if name:
+        return repr(name)
+    try:
+        return repr(tensor.name)
+    except (AttributeError, ValueError):
+        return f"of shape {tensor.shape.as_list() if tensor.shape.rank is not None else '?'}"
+
+
+def _to_tensor(value, what, name):
+    """Accept tf.Tensor / tf.Variable / NumPy / Python values; reject strings & co."""
+    if isinstance(value, tf.IndexedSlices):
+        raise TypeError(f"hvdlike.tensorflow.{what}: tf.IndexedSlices is only supported by "
+                        "allreduce (and the gradient tape / optimizer); convert it with "
+                        "tf.convert_to_tensor(x) first.")
+    t = tf.convert_to_tensor(value)
+    if t.dtype not in _SUPPORTED_DTYPES:
+        supported = ", ".join(d.name for d in _SUPPORTED_DTYPES)
+        hint = ("use hvdlike.tensorflow.broadcast_object / allgather_object for strings and "
+                "other Python objects" if t.dtype == tf.string
+                else "cast it first, e.g. tf.cast(x, tf.float32)")
+        raise TypeError(f"hvdlike.tensorflow.{what}: tensor {_label(t, name)} on rank "
+                        f"{_safe_rank()} has dtype {t.dtype.name}, which hvdlike cannot "
+                        f"communicate (supported: {supported}); {hint}.")
+    return t
+
+
+def _safe_rank():
+    try:
+        return _core.rank()
+    except Exception:
+        return "?"
+
+
+def _check_not_xla(what):
+    if compat.in_xla_context():
+        raise RuntimeError(
+            f"hvdlike.tensorflow.{what} was called inside an XLA-compiled function "
+            "(jit_compile=True). hvdlike collectives run on the host through "
+            "tf.numpy_function, which XLA cannot compile. Use jit_compile=False: "
+            "model.compile(..., jit_compile=False) for Keras, or "
+            "tf.function(fn, jit_compile=False) for custom loops.")
+
+
+def _ps_size(process_set):
+    return process_set.size()
+
+
+def _ps_rank(process_set):
+    return process_set.rank()
+
+
+def _run(what, np_fn, inputs, out_dtypes, out_shapes):
+    """Run ``np_fn(*numpy_inputs) -> list[np.ndarray]`` on TF tensors.
+
+    Eager: a direct call.  Graph: one stateful tf.numpy_function (automatic control
+    dependencies keep collectives in program order, identical on every rank).
+    """
+    if tf.executing_eagerly():
+        outs = np_fn(*[t.numpy() for t in inputs])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
+    _check_not_xla(what)
+
+    def _graph_fn(*arrays):
+        outs = np_fn(*arrays)
+        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, out_dtypes)]
+
+    outs = tf.numpy_function(_graph_fn, list(inputs), list(out_dtypes), stateful=True,
+                             name="Hvdlike" + "".join(p.title() for p in what.split("_")))
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    for o, s in zip(outs, out_shapes):
+        o.set_shape(s)
+    return outs
+
+
+def _normalize_op(op, average, what):
+    if average is not None:
+        if op is not None:
+            raise ValueError(f"hvdlike.tensorflow.{what}: pass either op= or the deprecated "
+                             "average=, not both.")
+        return Average if average else Sum
+    return Average if op is None else ReduceOp(op)
+
+
+# --------------------------------------------------------------------------- allreduce
+
+def _allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process_set):
+    """Allreduce a list of dense tensors in ONE fused core call."""
+    def np_fn(*arrays):
+        if len(arrays) == 1:
+            return [_core.allreduce(arrays[0], op=op, prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor, name=name,
+                                    process_set=process_set)]
+        return _core.grouped_allreduce(list(arrays), op=op, prescale_factor=prescale_factor,
+                                       postscale_factor=postscale_factor, name=name,
+                                       process_set=process_set)
+    if not tensors:
+        return []
+    return _run("allreduce", np_fn, tensors, [t.dtype for t in tensors],
+                [t.shape for t in tensors])
+
+
+def _allreduce_grad_op(op, what):
+    if op not in (Average, Sum):
+        raise NotImplementedError(
+            f"hvdlike.tensorflow.{what}: the gradient is defined only for op=Average and "
+            f"op=Sum (got {ReduceOp(op).name}); stop the gradient with tf.stop_gradient.")
+    return op
+
+
+def _grouped_allreduce_with_grad(tensors, op, prescale_factor, postscale_factor, name,
+                                 process_set):
+    @tf.custom_gradient
+    def fwd(*xs):
+        ys = _allreduce_raw(list(xs), op, prescale_factor, postscale_factor, name, process_set)
+
+        def grad(*dys):
+            _allreduce_grad_op(op, "allreduce")
+            dys = [tf.zeros_like(y) if d is None else tf.convert_to_tensor(d)
+                   for d, y in zip(dys, ys)]
+            return _allreduce_raw(dys, op, prescale_factor, postscale_factor,
+                                  None if name is None else name + "/grad", process_set)
+        return ys, grad
+
+    differentiable = any(t.dtype.is_floating for t in tensors)
+    if not differentiable:
+        return _allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process_set)
+    return list(fwd(*tensors))
+
+
+def _allreduce_sparse(slices, op, prescale_factor, postscale_factor, compression, name,
+                      process_set):
+    """Reduce tf.IndexedSlices by gathering values and indices from every rank."""
+    if op not in (Average, Sum):
+        raise ValueError("hvdlike.tensorflow.allreduce: tf.IndexedSlices support only "
+                         f"op=Average or op=Sum (got {ReduceOp(op).name}); pass "
+                         "sparse_as_dense=True to reduce them as dense tensors.")
+    values, ctx = compression.compress(slices.values)
+    scale = prescale_factor * postscale_factor
+    if op == Average:
+        scale = scale / _ps_size(process_set)
+    values = allgather(values, name=None if name is None else name + "/values",
+                       process_set=process_set)
+    indices = allgather(slices.indices, name=None if name is None else name + "/indices",
+                        process_set=process_set)
+    values = compression.decompress(values, ctx)
+    if scale != 1.0:
+        values = values * tf.cast(scale, values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="",
+              compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, name=None, process_set=global_process_set,
+              ignore_name_scope=False, sparse_as_dense=False):
+    """Reduce ``tensor`` across the ranks of ``process_set``.
+
+    Every rank passes a tensor of the same dtype and shape and the same ``op``
+    (Average by default, or Sum/Min/Max/Product); every rank gets back the reduced
+    tensor (same dtype and static shape).  ``tf.IndexedSlices`` are reduced by
+    allgathering values and indices (Average divides the values by the number of
+    ranks) unless ``sparse_as_dense=True``.  Works eagerly and inside ``tf.function``;
+    the gradient is the allreduce of the incoming gradient with the same op.
+    ``device_dense``/``device_sparse``/``ignore_name_scope`` are accepted for Horovod
+    compatibility and ignored.
+    """
+    op = _normalize_op(op, average, "allreduce")
+    if isinstance(tensor, tf.IndexedSlices):
+        if sparse_as_dense:
+            tensor = tf.convert_to_tensor(tensor)
+        else:
+            return _allreduce_sparse(tensor, op, prescale_factor, postscale_factor,
+                                     compression, name, process_set)
+    tensor = _to_tensor(tensor, "allreduce", name)
+    compressed, ctx = compression.compress(tensor)
+    out = _grouped_allreduce_with_grad([compressed], op, prescale_factor, postscale_factor,
+                                       name, process_set)[0]
+    return compression.decompress(out, ctx)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, name=None, process_set=global_process_set,
+                      sparse_as_dense=False):
+    """Allreduce a list of tensors in one fused operation; returns a list.
+
+    Same contract as :func:`allreduce`, element by element: every rank passes the
+    same number of tensors with matching dtypes and shapes.
+    """
+    op = _normalize_op(op, average, "grouped_allreduce")
+    tensors = list(tensors)
+    out = [None] * len(tensors)
+    dense_idx, dense, ctxs = [], [], []
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices) and not sparse_as_dense:
+            out[i] = _allreduce_sparse(t, op, prescale_factor, postscale_factor, compression,
+                                       None if name is None else f"{name}/{i}", process_set)
+            continue
+        if isinstance(t, tf.IndexedSlices):
+            t = tf.convert_to_tensor(t)
+        t = _to_tensor(t, "grouped_allreduce", name)
+        c, ctx = compression.compress(t)
+        dense_idx.append(i)
+        dense.append(c)
+        ctxs.append(ctx)
+    if dense:
+        reduced = _grouped_allreduce_with_grad(dense, op, prescale_factor, postscale_factor,
+                                               name, process_set)
+        for i, r, ctx in zip(dense_idx, reduced, ctxs):
+            out[i] = compression.decompress(r, ctx)
+    return out
+
+
+# --------------------------------------------------------------------------- allgather
+
+def _gathered_shape(shape, process_set):
+    if shape.rank is None:
+        return tf.TensorShape(None)
+    dims = shape.as_list()
+    first = dims[0] if (_ps_size(process_set) == 1 and dims) else None
+    return tf.TensorShape([first] + dims[1:]) if dims else tf.TensorShape(None)
+
+
+def _allgather_raw(tensors, name, process_set):
+    def np_fn(*arrays):
+        if len(arrays) == 1:
+            return [_core.allgather(arrays[0], name=name, process_set=process_set)]
+        return _core.grouped_allgather(list(arrays), name=name, process_set=process_set)
+    return _run("allgather", np_fn, tensors, [t.dtype for t in tensors],
+                [_gathered_shape(t.shape, process_set) for t in tensors])
+
+
+def _allgather_grad(x, dy, name, process_set):
+    """Gradient of allgather: sum the gradient over ranks, keep this rank's rows."""
+    dy = _allreduce_raw([tf.convert_to_tensor(dy)], Sum, 1.0, 1.0,
+                        None if name is None else name + "/grad", process_set)[0]
+    d0 = tf.reshape(tf.shape(x, out_type=tf.int64)[0], [1])
+    sizes = _allgather_raw([d0], None if name is None else name + "/grad_sizes",
+                           process_set)[0]
+    r = _ps_rank(process_set)
+    start = tf.reduce_sum(sizes[:r])
+    return dy[start:start + sizes[r]]
+
+
+def _grouped_allgather_with_grad(tensors, name, process_set):
+    @tf.custom_gradient
+    def fwd(*xs):
+        ys = _allgather_raw(list(xs), name, process_set)
+
+        def grad(*dys):
+            return [_allgather_grad(x, tf.zeros_like(y) if d is None else d, name, process_set)
+                    for x, y, d in zip(xs, ys, dys)]
+        return ys, grad
+
+    for t in tensors:
+        if t.shape.rank == 0:
+            raise ValueError("hvdlike.tensorflow.allgather: scalars cannot be gathered "
+                             "along axis 0; reshape to [1] first (tf.reshape(x, [1])).")
+    if not any(t.dtype.is_floating for t in tensors):
+        return _allgather_raw(tensors, name, process_set)
+    return list(fwd(*tensors))
+
+
+def allgather(tensor, name=None, process_set=global_process_set, ignore_name_scope=False):
+    """Concatenate ``tensor`` from every rank along axis 0 (in rank order).
+
+    Every rank passes a tensor with the same dtype and the same shape except the
+    first dimension, which may differ; every rank gets the concatenation.  The
+    gradient sums the incoming gradient over ranks and returns this rank's rows.
+    """
+    tensor = _to_tensor(tensor, "allgather", name)
+    return _grouped_allgather_with_grad([tensor], name, process_set)[0]
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Allgather a list of tensors in one call; returns a list (see :func:`allgather`)."""
+    tensors = [_to_tensor(t, "grouped_allgather", name) for t in tensors]
+    if not tensors:
+        return []
+    return _grouped_allgather_with_grad(tensors, name, process_set)
+
+
+# --------------------------------------------------------------------------- broadcast
+
+def _broadcast_raw(tensor, root_rank, name, process_set):
+    def np_fn(a):
+        return [_core.broadcast(a, root_rank, name=name, process_set=process_set)]
+    return _run("broadcast", np_fn, [tensor], [tensor.dtype], [tensor.shape])[0]
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set,
+              ignore_name_scope=False):
+    """Return ``root_rank``'s value of ``tensor`` on every rank.
+
+    Every rank passes a tensor of the same dtype and shape and the same root.  The
+    gradient is the sum of the incoming gradients on the root and zero elsewhere.
+    """
+    tensor = _to_tensor(tensor, "broadcast", name)
+
+    @tf.custom_gradient
+    def fwd(x):
+        y = _broadcast_raw(x, root_rank, name, process_set)
+
+        def grad(dy):
+            g = _allreduce_raw([tf.convert_to_tensor(dy)], Sum, 1.0, 1.0,
+                               None if name is None else name + "/grad", process_set)[0]
+            return g if _ps_rank(process_set) == root_rank else tf.zeros_like(g)
+        return y, grad
+
+    if not tensor.dtype.is_floating:
+        return _broadcast_raw(tensor, root_rank, name, process_set)
+    return fwd(tensor)
+
+
+# --------------------------------------------------------------------------- alltoall
+
+def _alltoall_raw(tensor, splits, name, process_set):
+    n = _ps_size(process_set)
+
+    def np_fn(a, s=None):
+        out, received = _core.alltoall(a, splits=s, name=name, process_set=process_set)
+        return [out, np.asarray(received, dtype=np.int64)]
+    shape = tensor.shape
+    out_shape = (tf.TensorShape([None] + shape.as_list()[1:]) if shape.rank
+                 else tf.TensorShape(None))
+    inputs = [tensor] if splits is None else [tensor, splits]
+    return _run("alltoall", np_fn, inputs, [tensor.dtype, tf.int64],
+                [out_shape, tf.TensorShape([n])])
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set,
+             ignore_name_scope=False):
+    """Send rows ``splits[i]`` of ``tensor`` (axis 0) to rank i; receive from all.
+
+    Without ``splits`` the first dimension must be divisible by the number of ranks
+    and is split evenly.  Returns ``(received, received_splits)``.  The gradient
+    sends the incoming gradient back with ``received_splits``.
+    """
+    tensor = _to_tensor(tensor, "alltoall", name)
+    if splits is not None:
+        splits = tf.cast(tf.convert_to_tensor(splits), tf.int64)
+
+    @tf.custom_gradient
+    def fwd(x):
+        y, received = _alltoall_raw(x, splits, name, process_set)
+
+        def grad(dy, _dsplits=None):
+            g, _ = _alltoall_raw(tf.convert_to_tensor(dy), received,
+                                 None if name is None else name + "/grad", process_set)
+            return g
+        return (y, received), grad
+
+    if not tensor.dtype.is_floating:
+        return tuple(_alltoall_raw(tensor, splits, name, process_set))
+    y, received = fwd(tensor)
+    return y, received
+
+
+# --------------------------------------------------------------------------- reducescatter
+
+def _scattered_shape(shape, process_set):
+    if shape.rank is None or shape.rank == 0 or shape[0] is None:
+        return tf.TensorShape([None] + shape.as_list()[1:]) if shape.rank else shape
+    n, r, d0 = _ps_size(process_set), _ps_rank(process_set), shape[0]
+    return tf.TensorShape([d0 // n + (1 if r < d0 % n else 0)] + shape.as_list()[1:])
+
+
+def _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name, process_set):
+    def np_fn(*arrays):
+        kw = dict(op=op, name=name, process_set=process_set,
+                  prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+        if len(arrays) == 1:
+            return [_core.reducescatter(arrays[0], **kw)]
+        return _core.grouped_reducescatter(list(arrays), **kw)
+    return _run("reducescatter", np_fn, tensors, [t.dtype for t in tensors],
+                [_scattered_shape(t.shape, process_set) for t in tensors])
+
+
+def _grouped_reducescatter_with_grad(tensors, op, prescale_factor, postscale_factor, name,
+                                     process_set):
+    @tf.custom_gradient
+    def fwd(*xs):
+        ys = _reducescatter_raw(list(xs), op, prescale_factor, postscale_factor, name,
+                                process_set)
+
+        def grad(*dys):
+            _allreduce_grad_op(op, "reducescatter")
+            dys = [tf.zeros_like(y) if d is None else tf.convert_to_tensor(d)
+                   for d, y in zip(dys, ys)]
+            gs = _allgather_raw(dys, None if name is None else name + "/grad", process_set)
+            scale = prescale_factor * postscale_factor
+            if op == Average:
+                scale = scale / _ps_size(process_set)
+            return [g if scale == 1.0 else g * tf.cast(scale, g.dtype) for g in gs]
+        return ys, grad
+
+    for t in tensors:
+        if t.shape.rank == 0:
+            raise ValueError("hvdlike.tensorflow.reducescatter: scalars cannot be scattered "
+                             "along axis 0; reshape to [1] first.")
+    if not any(t.dtype.is_floating for t in tensors):
+        return _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name,
+                                  process_set)
+    return list(fwd(*tensors))
+
+
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average,
+                  name=None, process_set=global_process_set, ignore_name_scope=False,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce ``tensor`` over ranks and give each rank one block of axis 0.
+
+    Every rank passes the same dtype/shape/op.  With first dimension d0 and n ranks,
+    rank r gets ``d0 // n`` rows, plus one if ``r < d0 % n`` (rank order).
+    """
+    tensor = _to_tensor(tensor, "reducescatter", name)
+    c, ctx = compression.compress(tensor)
+    out = _grouped_reducescatter_with_grad([c], ReduceOp(op), prescale_factor,
+                                           postscale_factor, name, process_set)[0]
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
+                          name=None, process_set=global_process_set,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """Reducescatter a list of tensors in one call (see :func:`reducescatter`)."""
+    tensors = [_to_tensor(t, "grouped_reducescatter", name) for t in tensors]
+    if not tensors:
+        return []
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _grouped_reducescatter_with_grad([p[0] for p in pairs], ReduceOp(op),
+                                            prescale_factor, postscale_factor, name,
+                                            process_set)
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# --------------------------------------------------------------------------- control
+
+def join():
+    """Signal that this rank has no more data; blocks until every rank has joined.
+
+    Returns (as an int32 scalar tensor) the rank that joined last.  Until then, this
+    rank contributes zeros to allreduces issued by the ranks still training.
+    """
+    return _run("join", lambda: [np.asarray(_core.join(), np.int32)], [], [tf.int32],
+                [tf.TensorShape([])])[0]
+
+
+def barrier(process_set=global_process_set):
+    """Block until every rank of ``process_set`` reaches the barrier."""
+    def np_fn():
+        _core.barrier(process_set=process_set)
+        return [np.asarray(True)]
+    return _run("barrier", np_fn, [], [tf.bool], [tf.TensorShape([])])[0]
+
+
+def _int_op(value, name):
+    return tf.constant(value, dtype=tf.int32, name=name)
+
+
+def rank_op(process_set_id=0, name=None):
+    """This process's rank as an int32 scalar tensor."""
+    return _int_op(_core.rank(), name)
+
+
+def size_op(process_set_id=0, name=None):
+    """Number of ranks as an int32 scalar tensor."""
+    return _int_op(_core.size(), name)
+
+
+def local_rank_op(name=None):
+    """This process's rank on its node as an int32 scalar tensor."""
+    return _int_op(_core.local_rank(), name)
+
+
+def local_size_op(name=None):
+    """Number of ranks on this node as an int32 scalar tensor."""
+    return _int_op(_core.local_size(), name)

@@ -1,0 +1,229 @@
+"""DistributedOptimizer for Keras 3 optimizers (and tf_keras with TF_USE_LEGACY_KERAS=1).
+
+``DistributedOptimizer(opt)`` returns a new optimizer of a subclass of ``type(opt)``
+built from ``opt.get_config()``; the subclass reduces the gradients across ranks
+(one fused allreduce per step) before the wrapped class applies them, so clipping,
+weight decay, loss scaling and EMA all see the averaged gradient.
+"""
+import tensorflow as tf
+
+import hvdlike as _core
+from hvdlike import Average
+
+from hvdlike.tensorflow import compat
+from hvdlike.tensorflow.compression import Compression
+from hvdlike.tensorflow.gradients import GradientReducer
+
+
+class _AccumulationState:
+    """Local gradient accumulators (deliberately not tracked by Keras checkpoints)."""
+
+    def __init__(self):
+        self.accumulators = None
+        self.counter = None
+
+
+class _DistributedMixin:
+    """Mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
+
+    _hvd_settings = {}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._hvd_configure(**type(self)._hvd_settings)
+
+    def _hvd_configure(self, compression=Compression.none, sparse_as_dense=False,
+                       gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
+                       average_aggregated_gradients=False, num_groups=0, groups=None,
+                       process_set=_core.global_process_set, scale_local_gradients=True,
+                       name=None):
+        if int(backward_passes_per_step) < 1:
+            raise ValueError("hvdlike DistributedOptimizer: backward_passes_per_step must be "
+                             f">= 1 (got {backward_passes_per_step}).")
+        reducer = GradientReducer(compression=compression, sparse_as_dense=sparse_as_dense,
+                                  op=op, gradient_predivide_factor=gradient_predivide_factor,
+                                  num_groups=num_groups, groups=groups,
+                                  process_set=process_set, name=name,
+                                  owner="DistributedOptimizer")
+        object.__setattr__(self, "_hvd_reducer", reducer)
+        object.__setattr__(self, "_hvd_bpps", int(backward_passes_per_step))
+        object.__setattr__(self, "_hvd_average_aggregated", bool(average_aggregated_gradients))
+        object.__setattr__(self, "_hvd_acc", _AccumulationState())
+
+    # -- reduction ---------------------------------------------------------------------
+    def _hvd_variables(self, trainable_variables):
+        if trainable_variables is not None:
+            return list(trainable_variables)
+        return list(getattr(self, "_trainable_variables", None) or []) or None
+
+    def _hvd_reduce(self, grads, variables):
+        return self._hvd_reducer.reduce(grads, variables)
+
+    def _hvd_accumulators(self, variables, grads):
+        st = self._hvd_acc
+        if st.accumulators is None:
+            with tf.init_scope():
+                st.accumulators = [
+                    None if g is None else tf.Variable(
+                        tf.zeros(v.shape, dtype=g.dtype), trainable=False,
+                        name="hvd_accumulator")
+                    for v, g in zip(variables, grads)]
+                st.counter = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                         name="hvd_backward_passes")
+        return st
+
+    def _hvd_accumulate_then_apply(self, grads, variables, apply_fn):
+        """Accumulate locally; every ``backward_passes_per_step`` calls, reduce and apply."""
+        st = self._hvd_accumulators(variables, grads)
+        for acc, g in zip(st.accumulators, grads):
+            if acc is not None and g is not None:
+                acc.assign_add(tf.convert_to_tensor(g))
+        st.counter.assign_add(1)
+        k = self._hvd_bpps
+
+        def _apply():
+            local = [None if acc is None else acc.read_value() for acc in st.accumulators]
+            if self._hvd_average_aggregated:
+                local = [None if g is None else g / tf.cast(k, g.dtype) for g in local]
+            apply_fn(self._hvd_reduce(local, variables), variables)
+            for acc in st.accumulators:
+                if acc is not None:
+                    acc.assign(tf.zeros_like(acc))
+            st.counter.assign(0)
+            return tf.constant(True)
+
+        return tf.cond(st.counter >= k, _apply, lambda: tf.constant(False))
+
+
+class _Keras3Mixin(_DistributedMixin):
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        if not grads:
+            return super().apply(grads, trainable_variables)
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
+        variables = self._hvd_variables(trainable_variables)
+        if all(g is None for g in grads):
+            names = [getattr(v, "path", getattr(v, "name", "?")) for v in (variables or [])]
+            raise ValueError(
+                "hvdlike DistributedOptimizer: every gradient is None, so there is nothing "
+                f"to reduce or apply (variables: {names[:5]}{'...' if len(names) > 5 else ''})."
+                " Check that the loss depends on the trainable variables and that the "
+                "gradient tape watched them.")
+        parent_apply = super().apply
+        if self._hvd_bpps == 1:
+            return parent_apply(self._hvd_reduce(grads, variables), trainable_variables)
+        self._hvd_accumulate_then_apply(
+            grads, variables, lambda g, v: parent_apply(g, trainable_variables))
+
+
+class _LegacyMixin(_DistributedMixin):
+    """tf_keras (Keras 2) optimizers: reduce in apply_gradients."""
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        grads = [g for g, _ in grads_and_vars]
+        variables = [v for _, v in grads_and_vars]
+        if all(g is None for g in grads):
+            raise ValueError("hvdlike DistributedOptimizer: every gradient is None; check "
+                             "that the loss depends on the trainable variables.")
+        parent = super().apply_gradients
+        if self._hvd_bpps == 1:
+            return parent(list(zip(self._hvd_reduce(grads, variables), variables)),
+                          *args, **kwargs)
+        return self._hvd_accumulate_then_apply(
+            grads, variables, lambda g, v: parent(list(zip(g, v)), *args, **kwargs))
+
+
+_CLASS_CACHE = {}
+
+
+def _distributed_class(base, settings):
+    """A subclass of ``base`` that reduces gradients with ``settings``."""
+    mixin = _LegacyMixin if compat.use_legacy_keras() else _Keras3Mixin
+    cls = type(base.__name__, (mixin, base), {"_hvd_settings": dict(settings)})
+    cls.__module__ = base.__module__
+    cls.__qualname__ = base.__qualname__
+    return cls
+
+
+def is_distributed_optimizer(optimizer):
+    return isinstance(optimizer, _DistributedMixin)
+
+
+def _check_optimizer(optimizer):
+    bases = compat.optimizer_base_classes()
+    if not isinstance(optimizer, bases):
+        kind = "tf_keras (TF_USE_LEGACY_KERAS=1)" if compat.use_legacy_keras() else "Keras 3"
+        other = ""
+        if isinstance(optimizer, tf.Module) or "keras" in type(optimizer).__module__:
+            other = (" If this is an optimizer from the other Keras flavour, set or unset "
+                     "TF_USE_LEGACY_KERAS=1 before importing TensorFlow so both agree.")
+        raise TypeError(
+            f"hvdlike DistributedOptimizer expects a {kind} optimizer (an instance of "
+            f"{', '.join(b.__module__ + '.' + b.__name__ for b in bases)}), got "
+            f"{type(optimizer).__module__}.{type(optimizer).__name__}. Create it with "
+            "keras.optimizers (e.g. keras.optimizers.SGD(0.01)); for custom training loops "
+            f"with other optimizers use hvdlike.tensorflow.DistributedGradientTape.{other}")
+    if is_distributed_optimizer(optimizer):
+        raise ValueError("hvdlike DistributedOptimizer: this optimizer is already distributed;"
+                         " wrap the original optimizer only once.")
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False,
+                         gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=_core.global_process_set, scale_local_gradients=True):
+    """Wrap a Keras optimizer so that every step applies gradients reduced over ranks.
+
+    Every rank wraps an optimizer of the same class and config with the same settings.
+    Returns a new optimizer (subclass of ``type(optimizer)``, same config); the
+    original is not modified.  Gradients of one step go through one fused allreduce
+    (``num_groups`` > 1 or ``groups`` split it into several).  ``op``: Average (default)
+    or Sum.  ``compression``: Compression.none / fp16 / bf16 on the wire.
+    ``backward_passes_per_step`` k: gradients are summed locally for k calls, then
+    reduced once and applied (divided by k first if ``average_aggregated_gradients``);
+    ``optimizer.iterations`` counts applied updates.  Under a ``mixed_float16`` global
+    policy a plain optimizer is first wrapped in ``LossScaleOptimizer`` (as
+    ``model.compile`` would), so that the loss-scale decision sees reduced gradients
+    and is identical on every rank.  ``device_*`` and ``scale_local_gradients`` are
+    accepted for Horovod compatibility and ignored.
+    """
+    _check_optimizer(optimizer)
+    lso_cls = compat.loss_scale_optimizer_class()
+    if (compat.is_keras3() and not isinstance(optimizer, lso_cls)
+            and compat.keras().mixed_precision.dtype_policy().name == "mixed_float16"):
+        optimizer = lso_cls(optimizer)
+    if getattr(optimizer, "built", False) and getattr(optimizer, "variables", None):
+        raise ValueError(
+            "hvdlike DistributedOptimizer: the optimizer already has state (it was built or "
+            "used). Wrap a fresh optimizer before compile/first step, or restore the model "
+            "with hvdlike.keras.load_model, which re-creates the wrapped optimizer with its "
+            "state.")
+    settings = dict(compression=compression, sparse_as_dense=sparse_as_dense,
+                    gradient_predivide_factor=gradient_predivide_factor, op=op,
+                    backward_passes_per_step=backward_passes_per_step,
+                    average_aggregated_gradients=average_aggregated_gradients,
+                    num_groups=num_groups, groups=groups, process_set=process_set,
+                    scale_local_gradients=scale_local_gradients, name=name)
+    # Validate settings once, with a clear error, before building the class.
+    GradientReducer(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                    gradient_predivide_factor=gradient_predivide_factor,
+                    num_groups=num_groups, groups=groups, process_set=process_set)
+    cls = _distributed_class(type(optimizer), settings)
+    return cls.from_config(optimizer.get_config())
+
+
+def distributed_optimizer_classes(custom_optimizers=None, **settings):
+    """``{class name: distributed subclass}`` for load_model's custom_objects."""
+    k = compat.keras()
+    bases = compat.optimizer_base_classes()
+    found = {}
+    for attr in dir(k.optimizers):
+        obj = getattr(k.optimizers, attr)
+        if isinstance(obj, type) and issubclass(obj, bases) and obj not in bases:
+            found[obj.__name__] = obj
+    for obj in custom_optimizers or []:
+        found[obj.__name__] = obj
+    return {n: _distributed_class(c, settings) for n, c in found.items()}

@@ -1,0 +1,49 @@
+"""DistributedGradientTape: a tf.GradientTape whose gradient() averages across ranks."""
+import tensorflow as tf
+
+import hvdlike as _core
+from hvdlike import Average
+
+from hvdlike.tensorflow.compression import Compression
+from hvdlike.tensorflow.gradients import GradientReducer
+
+
+class _DistributedGradientTape(tf.GradientTape):
+    """Shares the recording state of the wrapped tape; only ``gradient`` differs."""
+
+    def __init__(self, tape, reducer):  # noqa: D401 - state is copied, not re-created
+        self.__dict__.update(tape.__dict__)
+        self._hvd_reducer = reducer
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        grads = super().gradient(target, sources, output_gradients=output_gradients,
+                                 unconnected_gradients=unconnected_gradients)
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads, expand_composites=False)
+        reduced = self._hvd_reducer.reduce(flat_grads, flat_sources)
+        return tf.nest.pack_sequence_as(grads, reduced)
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                            compression=Compression.none, sparse_as_dense=False,
+                            op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                            groups=None, process_set=_core.global_process_set,
+                            scale_local_gradients=True):
+    """Wrap a ``tf.GradientTape`` so that ``gradient()`` returns gradients reduced over ranks.
+
+    Use it after recording (``tape = hvd.DistributedGradientTape(tape)``) or around a
+    fresh tape (``with hvd.DistributedGradientTape(tf.GradientTape()) as tape``).
+    Every rank must call ``gradient`` for the same sources.  All dense gradients of one
+    call are reduced in one fused allreduce (``num_groups``/``groups`` split it);
+    ``None`` gradients stay ``None`` (they must be ``None`` on every rank).
+    ``op``: Average (default) or Sum.  See :class:`GradientReducer` for the rest.
+    """
+    if not isinstance(gradtape, tf.GradientTape):
+        raise TypeError("hvdlike.tensorflow.DistributedGradientTape expects a "
+                        f"tf.GradientTape, got {type(gradtape).__name__}.")
+    reducer = GradientReducer(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+                              gradient_predivide_factor=gradient_predivide_factor,
+                              num_groups=num_groups, groups=groups, process_set=process_set,
+                              owner="DistributedGradientTape")
+    return _DistributedGradientTape(gradtape, reducer)

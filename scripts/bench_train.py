@@ -1,0 +1,168 @@
+"""Training-step benchmark: DistributedOptimizer vs the plain optimizer, np=1 and np=2.
+
+    python scripts/bench_train.py                    # runs np=1 and np=2 via mpirun
+    python scripts/bench_train.py --nps 1,2,4 --out bench_out
+
+For each world size a small MNIST-shaped CNN trains with Keras ``model.fit`` on
+synthetic data (per-rank batch ``--batch-size``, one TF thread per rank), once with
+the plain optimizer and once with ``hvdlike.keras.DistributedOptimizer``, alternating
+``--repeats`` times in the same process; the best (minimum) step time of the
+repeats is used, the median is also stored in the JSON.
+Reports: overhead ratio (distributed / plain step time, same run), img/s per rank and
+in total, and scaling efficiency = total img/s at np=N / (N * img/s at np=1).
+Writes a table to stdout, ``bench_train.json`` and ``bench_train.png`` in ``--out``.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def worker(args):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import hvdlike.keras as hvd
+    from hvdlike.tensorflow.compat import keras as _keras
+    keras = _keras()
+    hvd.init()
+
+    def model_fn():
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(10)])
+
+    rng = np.random.RandomState(hvd.rank())
+    x = rng.uniform(size=(args.batch_size, 28, 28, 1)).astype(np.float32)
+    y = rng.randint(0, 10, size=(args.batch_size,)).astype(np.int64)
+    ds = tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(4)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    models = {}
+    for kind in ("plain", "distributed"):
+        m = model_fn()
+        opt = keras.optimizers.SGD(0.01, momentum=0.9)
+        if kind == "distributed":
+            opt = hvd.DistributedOptimizer(opt)
+        m.compile(optimizer=opt, loss=loss)
+        m.fit(ds, steps_per_epoch=args.warmup, epochs=1, verbose=0)  # trace + warm up
+        models[kind] = m
+    times = {k: [] for k in models}
+    for _ in range(args.repeats):
+        for kind, m in models.items():
+            hvd.barrier()
+            t0 = time.perf_counter()
+            m.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=0)
+            dt = (time.perf_counter() - t0) / args.steps
+            times[kind].append(float(hvd.allreduce(np.array(dt), op=hvd.Max)))
+    res = {"np": hvd.size(), "batch_size_per_rank": args.batch_size, "threads": args.threads,
+           "steps": args.steps, "repeats": args.repeats}
+    for kind, ts in times.items():
+        step = float(np.min(ts))  # best of repeats: least disturbed by other load
+        res[kind] = {"step_time_s": step, "median_step_time_s": float(np.median(ts)),
+                     "step_times_s": ts,
+                     "img_per_s_per_rank": args.batch_size / step,
+                     "img_per_s_total": args.batch_size * hvd.size() / step}
+    res["overhead_ratio"] = res["distributed"]["step_time_s"] / res["plain"]["step_time_s"]
+    if hvd.rank() == 0:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+
+
+def driver(args):
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_osc="^ucx", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    mpirun = Path(sys.executable).parent / "mpirun"
+    results = []
+    for n in [int(v) for v in args.nps.split(",")]:
+        with tempfile.TemporaryDirectory() as d:
+            js = Path(d) / "r.json"
+            cmd = [str(mpirun if mpirun.exists() else "mpirun"), "-np", str(n),
+                   "--oversubscribe", sys.executable, __file__, "--worker", "--json", str(js),
+                   "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+                   "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+                   "--threads", str(args.threads)]
+            p = subprocess.run(cmd, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=args.timeout)
+            if p.returncode != 0 or not js.exists():
+                sys.exit(f"np={n} failed (rc={p.returncode}):\n{p.stdout[-4000:]}")
+            results.append(json.loads(js.read_text()))
+    base = next((r for r in results if r["np"] == 1), None)
+    for r in results:
+        r["scaling_efficiency"] = (r["distributed"]["img_per_s_total"]
+                                   / (r["np"] * base["distributed"]["img_per_s_total"])
+                                   if base else None)
+    hdr = (f"{'np':>3} {'plain ms/step':>14} {'dist ms/step':>13} {'dist/plain':>10} "
+           f"{'img/s/rank':>11} {'img/s total':>12} {'scaling eff.':>13}")
+    lines = [hdr, "-" * len(hdr)]
+    for r in results:
+        eff = r["scaling_efficiency"]
+        lines.append(f"{r['np']:>3} {1e3 * r['plain']['step_time_s']:>14.2f} "
+                     f"{1e3 * r['distributed']['step_time_s']:>13.2f} "
+                     f"{r['overhead_ratio']:>10.3f} "
+                     f"{r['distributed']['img_per_s_per_rank']:>11.0f} "
+                     f"{r['distributed']['img_per_s_total']:>12.0f} "
+                     f"{'' if eff is None else f'{100 * eff:.1f}%':>13}")
+    table = "\n".join(lines)
+    print(f"small CNN, Keras fit, batch {args.batch_size}/rank, {args.threads} thread(s)/rank")
+    print(table)
+    (out / "bench_train.json").write_text(json.dumps(results, indent=2))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+        nps = [r["np"] for r in results]
+        xs = range(len(nps))
+        a1.bar([i - 0.2 for i in xs], [r["plain"]["img_per_s_total"] for r in results], 0.4,
+               label="plain optimizer (no communication)")
+        a1.bar([i + 0.2 for i in xs], [r["distributed"]["img_per_s_total"] for r in results],
+               0.4, label="DistributedOptimizer")
+        a1.set_xticks(list(xs), [f"np={n}" for n in nps])
+        a1.set_ylabel("img/s (total)")
+        a1.legend(fontsize=8)
+        a1.set_title("Throughput")
+        a2.bar(list(xs), [r["overhead_ratio"] for r in results])
+        a2.axhline(1.05, color="r", ls="--", label="+5%")
+        a2.set_xticks(list(xs), [f"np={n}" for n in nps])
+        a2.set_ylabel("step time, distributed / plain")
+        a2.set_title("Overhead vs plain optimizer (same run)")
+        a2.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "bench_train.png", dpi=100)
+        print(f"wrote {out / 'bench_train.json'} and {out / 'bench_train.png'}")
+    except ImportError:
+        print(f"wrote {out / 'bench_train.json'} (matplotlib not installed: no PNG)")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nps", default="1,2", help="comma-separated world sizes")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=50, help="steps per timed fit call")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--json", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    worker(args) if args.worker else driver(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Examples and Horovod-style scripts run unchanged with mpirun -np 2 and without mpirun."""
+import re
+
+import pytest
+
+from mpi_harness import run_script
+
+EXAMPLES = {
+    "keras_mnist": ("examples/keras_mnist.py", ["--epochs", "2", "--train-size", "4096"]),
+    "tf_custom_loop": ("examples/tf_custom_loop.py", ["--steps", "30"]),
+    "keras_synthetic_benchmark": ("examples/keras_synthetic_benchmark.py",
+                                  ["--num-iters", "2", "--num-batches-per-iter", "3"]),
+    "keras_synthetic_benchmark_fit": ("examples/keras_synthetic_benchmark.py",
+                                      ["--fit", "--num-iters", "1", "--num-batches-per-iter",
+                                       "3", "--batch-size", "16"]),
+}
+EXPECT = {
+    "keras_mnist": [r"Epoch 2/2", r"val_accuracy", r"final: val_loss=[\d.]+ val_accuracy="],
+    "tf_custom_loop": [r"step +0 +loss [\d.]+", r"^done$"],
+    "keras_synthetic_benchmark": [r"Total img/sec on \d rank\(s\): [\d.]+"],
+    "keras_synthetic_benchmark_fit": [r"Total img/sec on \d rank\(s\): [\d.]+"],
+}
+
+
+@pytest.mark.parametrize("nranks,mpi", [(2, True), (1, False)], ids=["np2", "no_mpirun"])
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_example_runs_and_reports_progress_on_rank0(name, nranks, mpi):
+    script, args = EXAMPLES[name]
+    res = run_script(nranks, script, *args, timeout=240, mpi=mpi)
+    assert res.returncode == 0, res.output[-5000:]
+    for pattern in EXPECT[name]:
+        assert re.search(pattern, res.output, re.M), (pattern, res.output[-5000:])
+    if name == "keras_mnist":  # only rank 0 prints the progress bar
+        assert res.output.count("Epoch 1/2") == 1, res.output[-5000:]
+    if name.startswith("keras_synthetic_benchmark"):
+        assert f"ranks: {nranks}" in res.output
+
+
+def test_keras_mnist_example_learns_on_synthetic_data():
+    res = run_script(2, "examples/keras_mnist.py", "--epochs", "2", "--train-size", "4096",
+                  timeout=240)
+    assert res.returncode == 0, res.output[-5000:]
+    acc = float(re.search(r"final: val_loss=[\d.]+ val_accuracy=([\d.]+)", res.output).group(1))
+    assert acc > 0.5, res.output[-3000:]  # 10 classes: chance is 0.1
+
+
+@pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "tf_keras"])
+def test_horovod_style_keras_fit_script_runs_with_only_import_changed(legacy):
+    args = ["--legacy"] if legacy == "1" else []
+    res = run_script(2, "horovod_style_keras.py", *args, timeout=240,
+                  env={"TF_USE_LEGACY_KERAS": legacy})
+    assert res.returncode == 0, res.output[-5000:]
+    assert len(re.findall(r"^HOROVOD_STYLE_KERAS_OK rank=\d", res.output, re.M)) == 2
+
+
+def test_horovod_style_custom_loop_script_runs_with_only_import_changed():
+    res = run_script(2, "horovod_style_custom_loop.py", timeout=240,
+                  env={"TF_USE_LEGACY_KERAS": "1"})
+    assert res.returncode == 0, res.output[-5000:]
+    assert len(re.findall(r"^HOROVOD_STYLE_CUSTOM_LOOP_OK rank=\d", res.output, re.M)) == 2
+
+
+_legacy_job = {}
+
+
+@pytest.mark.parametrize("check", [
+    "fit_sgd_np_equals_single_process_global_batch",
+    "fit_adam_np_equals_single_process_global_batch",
+    "custom_loop_adam_tape_equals_single_process_global_batch",
+    "backward_passes_per_step_2_equals_one_step_with_doubled_batch",
+    "broadcast_callback_keeps_weights_and_slots_identical_every_step",
+    "metric_average_callback_averages_epoch_logs",
+    "load_model_restores_wrapped_optimizer_with_state",
+    "bad_inputs_give_clear_errors",
+])
+def test_tf_keras_legacy_training_check_passes_on_every_rank(check):
+    if "job" not in _legacy_job:
+        _legacy_job["job"] = run_script(2, "train_checks.py", timeout=300,
+                                     env={"TF_USE_LEGACY_KERAS": "1"})
+    res = _legacy_job["job"]
+    assert res.passed(check, 2), res.output[-6000:]
+
+
+def test_bench_train_writes_table_json_and_png(tmp_path):
+    import json
+    res = run_script(1, "scripts/bench_train.py", "--nps", "1,2", "--steps", "3", "--repeats",
+                  "1", "--warmup", "2", "--out", str(tmp_path), timeout=300, mpi=False)
+    assert res.returncode == 0, res.output[-5000:]
+    assert "dist/plain" in res.output and "scaling eff." in res.output
+    data = json.loads((tmp_path / "bench_train.json").read_text())
+    assert [r["np"] for r in data] == [1, 2]
+    for r in data:
+        assert r["overhead_ratio"] > 0 and r["distributed"]["img_per_s_total"] > 0
+        assert r["scaling_efficiency"] > 0
+    assert (tmp_path / "bench_train.png").stat().st_size > 1000

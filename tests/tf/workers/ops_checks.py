@@ -1,0 +1,289 @@
+"""Checks of the TF collectives (eager, tf.function, gradients) on every rank.
+
+Expected values are computed locally from the deterministic per-rank inputs
+(a single-process reference of the same math).
+"""
+from common import check, close, assert_close, hvd, np, tf
+
+r, n = hvd.rank(), hvd.size()
+
+
+def x_of(k, shape=(2, 3), dtype=np.float32):
+    return (np.arange(np.prod(shape)).reshape(shape) + 10 * k + 1).astype(dtype)
+
+
+ALL = [x_of(k) for k in range(n)]
+
+
+@check("allreduce_average_eager")
+def _():
+    y = hvd.allreduce(tf.constant(x_of(r)))
+    assert isinstance(y, tf.Tensor) and y.dtype == tf.float32 and y.shape == (2, 3)
+    assert_close(y, np.mean(ALL, axis=0))
+
+
+@check("allreduce_ops_and_scaling")
+def _():
+    x = tf.constant(x_of(r))
+    assert_close(hvd.allreduce(x, op=hvd.Sum), np.sum(ALL, axis=0))
+    assert_close(hvd.allreduce(x, op=hvd.Min), np.min(ALL, axis=0))
+    assert_close(hvd.allreduce(x, op=hvd.Max), np.max(ALL, axis=0))
+    assert_close(hvd.allreduce(x, op=hvd.Product), np.prod(ALL, axis=0))
+    assert_close(hvd.allreduce(x, average=False), np.sum(ALL, axis=0))
+    assert_close(hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0),
+                 1.5 * np.sum(ALL, axis=0), rtol=1e-6)
+
+
+@check("allreduce_variable_and_int_dtypes")
+def _():
+    v = tf.Variable(x_of(r))
+    assert_close(hvd.allreduce(v, op=hvd.Sum), np.sum(ALL, axis=0))
+    for dt in (tf.int32, tf.int64, tf.float64, tf.float16, tf.bfloat16, tf.uint8, tf.int8):
+        y = hvd.allreduce(tf.cast(tf.constant(x_of(r)), dt), op=hvd.Sum)
+        assert y.dtype == dt, (y.dtype, dt)
+        assert_close(tf.cast(y, tf.float64), np.sum(ALL, axis=0), rtol=1e-2)
+    b = hvd.allreduce(tf.constant([True, r == 0]), op=hvd.Max)
+    assert b.dtype == tf.bool and b.numpy().tolist() == [True, True]
+
+
+@check("allreduce_in_tf_function_static_shape")
+def _():
+    @tf.function
+    def f(x):
+        y = hvd.allreduce(x * 2.0)
+        assert y.shape.as_list() == [2, 3], y.shape
+        return y + 1.0
+    assert_close(f(tf.constant(x_of(r))), 2 * np.mean(ALL, axis=0) + 1.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+    def g(x):
+        y = hvd.allreduce(x, op=hvd.Sum)
+        assert y.shape.as_list() == [None, 3]
+        return y
+    assert_close(g(tf.constant(x_of(r))), np.sum(ALL, axis=0))
+
+
+@check("allreduce_gradient_is_allreduce_of_gradient")
+def _():
+    x = tf.constant(x_of(r))
+    w = [np.float32(k + 1) for k in range(n)]
+    for op in (hvd.Average, hvd.Sum):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = hvd.allreduce(x, op=op)
+            loss = tf.reduce_sum(y * w[r])
+        g = tape.gradient(loss, x)
+        expect = np.full((2, 3), np.mean(w) if op == hvd.Average else np.sum(w), np.float32)
+        assert_close(g, expect)
+
+    @tf.function
+    def gf(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(hvd.allreduce(x) * w[r])
+        return tape.gradient(loss, x)
+    assert_close(gf(x), np.full((2, 3), np.mean(w), np.float32))
+
+
+@check("grouped_allreduce_eager_and_function_with_gradient")
+def _():
+    xs = [tf.constant(x_of(r)), tf.constant(x_of(r, (4,), np.float64)),
+          tf.constant(x_of(r, (3,), np.int32))]
+    ys = hvd.grouped_allreduce(xs, op=hvd.Sum)
+    assert [y.shape.as_list() for y in ys] == [[2, 3], [4], [3]]
+    assert_close(ys[0], np.sum(ALL, axis=0))
+    assert_close(ys[1], np.sum([x_of(k, (4,), np.float64) for k in range(n)], axis=0))
+    assert ys[2].dtype == tf.int32
+    assert_close(ys[2], np.sum([x_of(k, (3,), np.int32) for k in range(n)], axis=0))
+    ys2 = tf.function(lambda a, b: hvd.grouped_allreduce([a, b]))(xs[0], xs[1])
+    assert_close(ys2[0], np.mean(ALL, axis=0))
+    with tf.GradientTape() as tape:
+        tape.watch(xs[0]); tape.watch(xs[1])
+        a, b = hvd.grouped_allreduce(xs[:2])
+        loss = tf.reduce_sum(a) * (r + 1) + tf.cast(tf.reduce_sum(b), tf.float32)
+    ga, gb = tape.gradient(loss, xs[:2])
+    assert_close(ga, np.full((2, 3), np.mean(np.arange(n) + 1), np.float32))
+    assert_close(gb, np.ones(4))
+
+
+@check("allgather_uneven_first_dim_and_gradient")
+def _():
+    x = tf.constant(np.full((r + 1, 2), r, np.float32))
+    expect = np.concatenate([np.full((k + 1, 2), k, np.float32) for k in range(n)])
+    assert_close(hvd.allgather(x), expect)
+
+    @tf.function
+    def f(x):
+        y = hvd.allgather(x)
+        assert y.shape.as_list() == [None if n > 1 else 1, 2], y.shape
+        return y
+    assert_close(f(x), expect)
+    # d/dx of sum_r sum(allgather(x) * c_r): sum over ranks of c_r, this rank's rows
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = tf.reduce_sum(hvd.allgather(x) * float(r + 1))
+    assert_close(tape.gradient(loss, x), np.full((r + 1, 2), sum(range(1, n + 1)), np.float32))
+    ys = hvd.grouped_allgather([x, tf.constant([r], tf.int64)])
+    assert_close(ys[0], expect)
+    assert ys[1].numpy().tolist() == list(range(n))
+
+
+@check("broadcast_and_gradient_reduced_to_root")
+def _():
+    for root in range(n):
+        y = hvd.broadcast(tf.constant(x_of(r)), root_rank=root)
+        assert_close(y, x_of(root))
+    yi = tf.function(lambda t: hvd.broadcast(t, 0))(tf.constant([r, r], tf.int64))
+    assert yi.numpy().tolist() == [0, 0]
+    x = tf.constant(x_of(r))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = tf.reduce_sum(hvd.broadcast(x, root_rank=n - 1) * float(r + 1))
+    g = tape.gradient(loss, x)
+    expect = sum(range(1, n + 1)) if r == n - 1 else 0.0
+    assert_close(g, np.full((2, 3), expect, np.float32))
+
+
+@check("alltoall_even_and_explicit_splits_with_gradient")
+def _():
+    x = tf.constant(np.arange(2 * n, dtype=np.float32) + 100 * r)
+    y, rs = hvd.alltoall(x)
+    assert_close(y, np.array([100 * k + 2 * r + j for k in range(n) for j in range(2)],
+                             np.float32))
+    assert rs.numpy().tolist() == [2] * n
+    splits = [k + 1 for k in range(n)]  # send k+1 rows to rank k
+    x2 = tf.constant(np.full((sum(splits), 1), r, np.float32))
+    y2, rs2 = hvd.alltoall(x2, splits=splits)
+    assert rs2.numpy().tolist() == [r + 1] * n
+    assert_close(y2, np.concatenate([np.full((r + 1, 1), k, np.float32) for k in range(n)]))
+    with tf.GradientTape() as tape:
+        tape.watch(x2)
+        y3, _ = hvd.alltoall(x2, splits=splits)
+        loss = tf.reduce_sum(y3 * float(r + 1))
+    g = tape.gradient(loss, x2)
+    assert_close(g, np.concatenate([np.full((k + 1, 1), k + 1, np.float32) for k in range(n)]))
+
+
+@check("reducescatter_static_shape_values_and_gradient")
+def _():
+    rows = 2 * n + 1
+    xs = [np.arange(rows * 2, dtype=np.float32).reshape(rows, 2) * (k + 1) for k in range(n)]
+    sizes = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+    off = sum(sizes[:r])
+    for op, red in ((hvd.Sum, np.sum), (hvd.Average, np.mean)):
+        y = hvd.reducescatter(tf.constant(xs[r]), op=op)
+        assert_close(y, red(xs, axis=0)[off:off + sizes[r]], rtol=1e-6)
+
+    @tf.function
+    def f(x):
+        y = hvd.reducescatter(x, op=hvd.Sum)
+        assert y.shape.as_list() == [sizes[r], 2], y.shape
+        return y
+    assert_close(f(tf.constant(xs[r])), np.sum(xs, axis=0)[off:off + sizes[r]])
+    x = tf.constant(xs[r])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Average) * float(r + 1))
+    g = tape.gradient(loss, x)
+    expect = np.concatenate([np.full((sizes[k], 2), (k + 1) / n, np.float32) for k in range(n)])
+    assert_close(g, expect)
+    gs = hvd.grouped_reducescatter([x, x * 2], op=hvd.Sum)
+    assert_close(gs[1], 2 * np.sum(xs, axis=0)[off:off + sizes[r]])
+
+
+@check("indexed_slices_allgather_and_sparse_as_dense")
+def _():
+    s = tf.IndexedSlices(tf.constant([[1.0, 2.0]]) * (r + 1), tf.constant([r], tf.int64),
+                         dense_shape=tf.constant([n, 2], tf.int64))
+    y = hvd.allreduce(s, op=hvd.Average)
+    assert isinstance(y, tf.IndexedSlices)
+    dense = tf.convert_to_tensor(y).numpy()
+    expect = np.array([[1.0, 2.0]]) * (np.arange(n)[:, None] + 1) / n
+    assert_close(dense, expect)
+    d = hvd.allreduce(s, op=hvd.Sum, sparse_as_dense=True)
+    assert isinstance(d, tf.Tensor)
+    assert_close(d, expect * n)
+
+
+@check("compression_fp16_and_bf16_roundtrip")
+def _():
+    x = tf.constant(x_of(r) / 7.0)
+    for comp, tol in ((hvd.Compression.fp16, 1e-3), (hvd.Compression.bf16, 1e-2)):
+        y = hvd.allreduce(x, compression=comp)
+        assert y.dtype == tf.float32
+        assert_close(y, np.mean(ALL, axis=0) / 7.0, rtol=tol)
+
+
+@check("rank_size_ops_barrier_join")
+def _():
+    assert int(hvd.rank_op()) == r and int(hvd.size_op()) == n
+    assert int(hvd.local_rank_op()) == hvd.local_rank()
+    assert int(hvd.local_size_op()) == hvd.local_size()
+    hvd.barrier()
+    tf.function(lambda: hvd.barrier())()
+    last = hvd.join()
+    assert 0 <= int(last) < n
+
+
+@check("string_tensor_is_rejected_with_clear_error")
+def _():
+    try:
+        hvd.allreduce(tf.constant(["a", "b"]))
+    except TypeError as e:
+        assert "dtype string" in str(e) and "broadcast_object" in str(e), e
+    else:
+        raise AssertionError("no error")
+    try:
+        hvd.allreduce(tf.constant([1 + 2j]))
+    except TypeError as e:
+        assert "tf.cast" in str(e), e
+    else:
+        raise AssertionError("no error")
+
+
+@check("shape_mismatch_across_ranks_raises_on_every_rank")
+def _():
+    if n == 1:
+        return
+    def eager(t):
+        return hvd.allreduce(t)
+
+    for run in (eager, tf.function(eager)):
+        try:
+            run(tf.zeros([r + 1, 2]))
+        except (hvd.CollectiveMismatchError, tf.errors.OpError) as e:
+            assert "mismatch" in str(e).lower() or "shape" in str(e).lower(), e
+        else:
+            raise AssertionError("no error")
+    hvd.barrier()
+
+
+@check("jit_compile_gives_clear_error")
+def _():
+    @tf.function(jit_compile=True)
+    def f(x):
+        return hvd.allreduce(x)
+    try:
+        f(tf.ones([2]))
+    except RuntimeError as e:
+        assert "jit_compile=False" in str(e), e
+    else:
+        raise AssertionError("no error")
+
+
+@check("broadcast_variables_object_and_allgather_object")
+def _():
+    vs = [tf.Variable(x_of(r)), tf.Variable(tf.constant([r], tf.int64)),
+          tf.Variable(np.float64(r))]
+    hvd.broadcast_variables(vs, root_rank=n - 1)
+    assert_close(vs[0], x_of(n - 1))
+    assert vs[1].numpy().tolist() == [n - 1] and float(vs[2].numpy()) == n - 1
+    vs2 = [tf.Variable(x_of(r))]
+    tf.function(lambda: hvd.broadcast_variables(vs2, 0))()
+    assert_close(vs2[0], x_of(0))
+    obj = hvd.broadcast_object({"rank": r, "t": tf.constant([r])}, root_rank=0)
+    assert obj["rank"] == 0 and obj["t"].tolist() == [0]
+    assert hvd.allgather_object(r * 10) == [k * 10 for k in range(n)]
+
+
+close()

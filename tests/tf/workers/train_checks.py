@@ -1,0 +1,364 @@
+"""Training checks: DistributedOptimizer / DistributedGradientTape / callbacks.
+
+Every rank also trains a single-process reference (plain optimizer, global batch
+b * size) on the same data and compares.  Run with any number of ranks (1, 2, 4).
+"""
+import os
+import tempfile
+
+from common import check, close, assert_close, hvd, np, tf
+
+from hvdlike.tensorflow import compat
+import hvdlike.keras as hvdk
+
+keras = compat.keras()
+r, n = hvd.rank(), hvd.size()
+B, STEPS, DIM = 4, 3, 8  # per-rank batch, steps per run, features
+RTOL, ATOL = 1e-5, 1e-6
+
+rs = np.random.RandomState(123)
+X = rs.normal(size=(2 * STEPS * B * n, DIM)).astype(np.float32)
+Y = (X @ rs.normal(size=(DIM, 1)) + 0.1).astype(np.float32)
+
+
+def make_model(seed=0):
+    m = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(16, activation="tanh"),
+                          keras.layers.Dense(1)])
+    w = np.random.RandomState(seed)
+    m.set_weights([w.normal(0, 0.5, v.shape).astype(np.float32) for v in m.get_weights()])
+    return m
+
+
+def local_rows(steps, b, x=X):
+    """This rank's part of each global batch of ``b * n`` rows, in step order."""
+    return np.concatenate([x[s * b * n + r * b: s * b * n + (r + 1) * b] for s in range(steps)])
+
+
+def reference_fit(opt, steps, global_batch):
+    m = make_model()
+    m.compile(optimizer=opt, loss="mse")
+    m.fit(X[:steps * global_batch], Y[:steps * global_batch], batch_size=global_batch,
+          epochs=1, shuffle=False, verbose=0)
+    return m
+
+
+def same_on_every_rank(arrays, what):
+    gathered = hvd.allgather_object([np.asarray(a) for a in arrays])
+    for k, other in enumerate(gathered):
+        for a, b in zip(arrays, other):
+            np.testing.assert_array_equal(np.asarray(a), b, err_msg=f"{what}: rank {k} differs")
+
+
+def fit_distributed(opt, steps=STEPS, b=B, **compile_kw):
+    m = make_model()
+    m.compile(optimizer=opt, loss="mse", **compile_kw)
+    m.fit(local_rows(steps, b), local_rows(steps, b, Y), batch_size=b, epochs=1,
+          shuffle=False, verbose=0)
+    return m
+
+
+OPTS = {"sgd": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+        "adam": lambda: keras.optimizers.Adam(0.01)}
+
+for name, make_opt in OPTS.items():
+    @check(f"fit_{name}_np_equals_single_process_global_batch")
+    def _():
+        m = fit_distributed(hvdk.DistributedOptimizer(make_opt()))
+        ref = reference_fit(make_opt(), STEPS, B * n)
+        for a, b in zip(m.get_weights(), ref.get_weights()):
+            assert_close(a, b, rtol=RTOL, atol=ATOL)
+        same_on_every_rank(m.get_weights(), "weights")
+        assert int(m.optimizer.iterations.numpy()) == STEPS
+
+    @check(f"custom_loop_{name}_tape_equals_single_process_global_batch")
+    def _():
+        m, opt = make_model(), make_opt()
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(m(x, training=True) - y))
+            tape = hvd.DistributedGradientTape(tape)
+            grads = tape.gradient(loss, m.trainable_variables)
+            opt.apply_gradients(zip(grads, m.trainable_variables))
+            return loss
+
+        xs, ys = local_rows(STEPS, B), local_rows(STEPS, B, Y)
+        for s in range(STEPS):
+            step(xs[s * B:(s + 1) * B], ys[s * B:(s + 1) * B])
+        ref = reference_fit(make_opt(), STEPS, B * n)
+        for a, b in zip(m.get_weights(), ref.get_weights()):
+            assert_close(a, b, rtol=RTOL, atol=ATOL)
+        same_on_every_rank(m.get_weights(), "weights")
+
+
+@check("tape_as_context_manager_eager_nested_sources")
+def _():
+    v1, v2 = tf.Variable([1.0, 2.0]), tf.Variable(3.0)
+    with hvd.DistributedGradientTape(tf.GradientTape()) as tape:
+        loss = tf.reduce_sum(v1 * (r + 1)) + v2 * (r + 1)
+    g = tape.gradient(loss, {"a": v1, "b": [v2]})
+    mean = np.mean(np.arange(n) + 1)
+    assert_close(g["a"], [mean, mean])
+    assert_close(g["b"][0], mean)
+    with tf.GradientTape() as t2:
+        loss = tf.reduce_sum(v1) * (r + 1)
+    gs = hvd.DistributedGradientTape(t2, op=hvd.Sum).gradient(loss, [v1, v2])
+    assert gs[1] is None  # unconnected stays None on every rank
+    assert_close(gs[0], [np.sum(np.arange(n) + 1)] * 2)
+
+
+@check("backward_passes_per_step_2_equals_one_step_with_doubled_batch")
+def _():
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                    backward_passes_per_step=2,
+                                    average_aggregated_gradients=True)
+    m = make_model()
+    m.compile(optimizer=opt, loss="mse")
+    # update u uses global rows [2uBn, 2(u+1)Bn); micro-step j of rank r gets one block
+    xs = np.concatenate([X[(2 * u + j) * B * n + r * B:(2 * u + j) * B * n + (r + 1) * B]
+                         for u in range(STEPS) for j in range(2)])
+    ys = np.concatenate([Y[(2 * u + j) * B * n + r * B:(2 * u + j) * B * n + (r + 1) * B]
+                         for u in range(STEPS) for j in range(2)])
+    m.fit(xs, ys, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    ref = reference_fit(keras.optimizers.SGD(0.05, momentum=0.9), STEPS, 2 * B * n)
+    for a, b in zip(m.get_weights(), ref.get_weights()):
+        assert_close(a, b, rtol=RTOL, atol=ATOL)
+    assert int(m.optimizer.iterations.numpy()) == STEPS
+
+
+@check("op_sum_predivide_and_num_groups_variants")
+def _():
+    ref = reference_fit(keras.optimizers.SGD(0.05), STEPS, B * n)
+    for kw in (dict(gradient_predivide_factor=2.0), dict(num_groups=2),
+               dict(groups=[[]]), dict(sparse_as_dense=True)):
+        m = fit_distributed(hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05), **kw))
+        for a, b in zip(m.get_weights(), ref.get_weights()):
+            assert_close(a, b, rtol=RTOL, atol=ATOL, msg=str(kw))
+    # op=Sum with lr/n is the same update as Average with lr
+    m = fit_distributed(hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05 / n), op=hvd.Sum))
+    for a, b in zip(m.get_weights(), ref.get_weights()):
+        assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@check("compression_fp16_and_bf16_stay_within_tolerance")
+def _():
+    ref = reference_fit(keras.optimizers.SGD(0.05), STEPS, B * n)
+    for comp, tol in ((hvd.Compression.fp16, 2e-3), (hvd.Compression.bf16, 2e-2)):
+        m = fit_distributed(hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05),
+                                                      compression=comp))
+        for a, b in zip(m.get_weights(), ref.get_weights()):
+            assert_close(a, b, rtol=tol, atol=tol)
+        same_on_every_rank(m.get_weights(), "weights")
+
+
+class Recorder(keras.callbacks.Callback):
+    """Records model+optimizer variables before every batch and after the last one."""
+
+    def __init__(self):
+        super().__init__()
+        self.snapshots = []
+
+    def _snap(self):
+        opt_vars = self.model.optimizer.variables
+        self.snapshots.append([v.numpy() for v in list(self.model.variables) + list(opt_vars)])
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._snap()
+
+    def on_train_end(self, logs=None):
+        self._snap()
+
+
+@check("broadcast_callback_keeps_weights_and_slots_identical_every_step")
+def _():
+    m = make_model(seed=100 + r)  # deliberately different initial weights per rank
+    m.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    rec = Recorder()
+    m.fit(local_rows(STEPS, B), local_rows(STEPS, B, Y), batch_size=B, epochs=2,
+          shuffle=False, verbose=0,
+          callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0), rec])
+    assert len(rec.snapshots) == 2 * STEPS + 1
+    for snap in rec.snapshots:
+        same_on_every_rank(snap, "model+optimizer variables")
+    # a single-process run starting from rank 0's weights gives the same result
+    ref = make_model(seed=100)
+    ref.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    gx = np.concatenate([X[:STEPS * B * n]] * 2)
+    gy = np.concatenate([Y[:STEPS * B * n]] * 2)
+    ref.fit(gx, gy, batch_size=B * n, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(m.get_weights(), ref.get_weights()):
+        assert_close(a, b, rtol=RTOL, atol=ATOL)
+
+
+@check("metric_average_callback_averages_epoch_logs")
+def _():
+    class Raw(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.raw = dict(logs)
+
+    raw = Raw()
+    m = make_model()
+    m.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse",
+              metrics=["mae"])
+    h = m.fit(local_rows(STEPS, B), local_rows(STEPS, B, Y), batch_size=B, epochs=1,
+              shuffle=False, verbose=0,
+              validation_data=(local_rows(1, B), local_rows(1, B, Y)),
+              callbacks=[raw, hvdk.callbacks.MetricAverageCallback()])
+    raws = hvd.allgather_object(raw.raw)
+    for key in ("loss", "mae", "val_loss", "val_mae"):
+        expect = np.mean([d[key] for d in raws])
+        assert_close(h.history[key][0], expect, rtol=1e-6)
+    same_on_every_rank([h.history["loss"][0]], "averaged loss")
+
+
+@check("learning_rate_warmup_and_schedule_callbacks")
+def _():
+    lrs = []
+
+    class LR(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            lrs.append(float(np.asarray(self.model.optimizer.learning_rate)))
+
+    m = make_model()
+    m.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    m.fit(local_rows(STEPS, B), local_rows(STEPS, B, Y), batch_size=B, epochs=3,
+          shuffle=False, verbose=0,
+          callbacks=[hvdk.callbacks.LearningRateWarmupCallback(initial_lr=0.1,
+                                                               warmup_epochs=2),
+                     hvdk.callbacks.LearningRateScheduleCallback(
+                         initial_lr=0.1, multiplier=0.5, start_epoch=2), LR()])
+    expect = [0.1 / n * ((e + b / STEPS) * (n - 1) / 2 + 1)
+              for e in range(2) for b in range(STEPS)] + [0.05] * STEPS
+    assert_close(lrs, expect, rtol=1e-6)
+
+
+@check("load_model_restores_wrapped_optimizer_with_state")
+def _():
+    m = fit_distributed(hvdk.DistributedOptimizer(keras.optimizers.Adam(0.01)))
+    d = tempfile.mkdtemp() if r == 0 else None
+    d = hvd.broadcast_object(d, 0)
+    path = os.path.join(d, "model.keras")
+    ck = hvdk.callbacks.ModelCheckpoint(path)
+    ck.set_model(m)
+    ck.on_epoch_end(0, {"loss": 1.0})  # writes on rank 0 only
+    hvd.barrier()
+    assert os.path.exists(path)
+    loaded = hvdk.load_model(path)
+    from hvdlike.tensorflow.optimizer import is_distributed_optimizer
+    assert is_distributed_optimizer(loaded.optimizer), type(loaded.optimizer).__mro__
+    assert isinstance(loaded.optimizer, keras.optimizers.Adam)
+    for a, b in zip(loaded.optimizer.variables, m.optimizer.variables):
+        assert_close(a, b)
+    # training continues identically from the restored state
+    loaded.fit(local_rows(STEPS, B), local_rows(STEPS, B, Y), batch_size=B, verbose=0,
+               shuffle=False)
+    m.fit(local_rows(STEPS, B), local_rows(STEPS, B, Y), batch_size=B, verbose=0,
+          shuffle=False)
+    for a, b in zip(loaded.get_weights(), m.get_weights()):
+        assert_close(a, b, rtol=RTOL, atol=ATOL)
+    plain = keras.models.load_model(path)  # also loadable without hvdlike
+    assert not is_distributed_optimizer(plain.optimizer)
+
+
+@check("bad_inputs_give_clear_errors")
+def _():
+    class NotKeras:
+        pass
+    try:
+        hvdk.DistributedOptimizer(NotKeras())
+    except TypeError as e:
+        assert "keras.optimizers" in str(e), e
+    else:
+        raise AssertionError("non-Keras optimizer accepted")
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    v = tf.Variable([1.0])
+    try:
+        opt.apply_gradients([(None, v)])
+    except ValueError as e:
+        assert "None" in str(e), e
+    else:
+        raise AssertionError("all-None gradients accepted")
+    try:
+        hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Max)
+    except ValueError as e:
+        assert "Average" in str(e), e
+    else:
+        raise AssertionError("op=Max accepted")
+
+
+@check("embedding_indexed_slices_gradients_match_reference")
+def _():
+    ids = np.random.RandomState(5).randint(0, 20, size=(STEPS * B * n, 3))
+
+    def emb_model():
+        m = keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(20, 4),
+                              keras.layers.Flatten(), keras.layers.Dense(1)])
+        w = np.random.RandomState(1)
+        m.set_weights([w.normal(0, 0.5, v.shape).astype(np.float32) for v in m.get_weights()])
+        return m
+
+    ref = emb_model()
+    ref.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    ref.fit(ids, Y[:len(ids)], batch_size=B * n, shuffle=False, verbose=0)
+    for kw in ({}, {"sparse_as_dense": True}):
+        m = emb_model()
+        m.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1), **kw),
+                  loss="mse")
+        m.fit(local_rows(STEPS, B, ids), local_rows(STEPS, B, Y), batch_size=B,
+              shuffle=False, verbose=0)
+        for a, b in zip(m.get_weights(), ref.get_weights()):
+            assert_close(a, b, rtol=RTOL, atol=ATOL, msg=str(kw))
+
+
+@check("mixed_precision_loss_scale_inside_and_auto_wrapped")
+def _():
+    if compat.use_legacy_keras():
+        return  # tf_keras mixed precision is not covered by these checks
+    LSO = keras.mixed_precision.LossScaleOptimizer
+    try:
+        keras.mixed_precision.set_dtype_policy("mixed_float16")
+        # explicit LossScaleOptimizer inside, fixed small scale (no overflow): equals the
+        # single-process reference within fp16 tolerance
+        ref = make_model()
+        ref.compile(optimizer=LSO(keras.optimizers.SGD(0.05), initial_scale=128.0), loss="mse")
+        ref.fit(X[:STEPS * B * n], Y[:STEPS * B * n], batch_size=B * n, shuffle=False,
+                verbose=0)
+        m = fit_distributed(hvdk.DistributedOptimizer(
+            LSO(keras.optimizers.SGD(0.05), initial_scale=128.0)))
+        assert isinstance(m.optimizer, LSO)
+        for a, b in zip(m.get_weights(), ref.get_weights()):
+            assert_close(a, b, rtol=1e-2, atol=2e-3)
+        same_on_every_rank(m.get_weights(), "weights")
+        # plain optimizer under a mixed_float16 policy is wrapped in LSO by
+        # DistributedOptimizer (default dynamic scale: the overflow/skip decisions are
+        # made on reduced gradients, so every rank skips the same steps)
+        opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05))
+        assert isinstance(opt, LSO), type(opt)
+        m = fit_distributed(opt, steps=2 * STEPS)
+        w = m.get_weights()
+        assert all(np.isfinite(a).all() for a in w)
+        same_on_every_rank(w + [m.optimizer.dynamic_scale.numpy()], "weights and loss scale")
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+
+
+@check("shard_dataset_data_and_file_policies")
+def _():
+    ds = tf.data.Dataset.range(10 * n)
+    got = [int(v) for v in hvd.shard_dataset(ds, policy="DATA")]
+    assert got == list(range(r, 10 * n, n)), got
+    everyone = hvd.allgather_object(got)
+    assert sorted(sum(everyone, [])) == list(range(10 * n))
+    files = tf.data.Dataset.from_tensor_slices([f"f{i}.tfrecord" for i in range(2 * n)])
+    mine = [v.decode() for v in hvd.shard_dataset(files, policy="FILE").as_numpy_iterator()]
+    assert mine == [f"f{i}.tfrecord" for i in range(r, 2 * n, n)], mine
+    try:
+        hvd.shard_dataset(ds, policy="FILE")
+    except ValueError as e:
+        assert "file names" in str(e), e
+    else:
+        raise AssertionError("FILE policy accepted a non-file dataset")
+
+
+close()
