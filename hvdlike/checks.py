@@ -21,7 +21,7 @@ class Request(NamedTuple):
 
     kind: str  # "allreduce", "allgather", ... ("_async" appended for the non-blocking forms)
     name: Optional[str]
-    dtype: Any  # str, or a tuple of str for grouped collectives
+    dtype: Any  # np.dtype, or a tuple of them for grouped collectives
     shape: Any  # tuple, or a tuple of tuples for grouped collectives
     op: Optional[int] = None
     root: Optional[int] = None
@@ -34,37 +34,39 @@ _NEG = -(1 << 62)
 _ERROR_TYPES = {"TypeError": TypeError, "ValueError": ValueError}
 _SHAPE_AFTER_FIRST = ("allgather", "grouped_allgather", "alltoall")
 _JOIN_COMPATIBLE = ("allreduce", "grouped_allreduce")
-_hashes: Dict[Request, int] = {}
+_rows: Dict[Request, np.ndarray] = {}
 
 
-def request_hash(request: Request) -> int:
-    """A 62-bit hash of the request, stable across processes (unlike ``hash()``)."""
-    h = _hashes.get(request)
-    if h is None:
+def _ok_row(request: Request) -> np.ndarray:
+    """The control vector of a valid request: a 62-bit hash of it, stable across processes
+    (unlike ``hash()``), and its negation. Cached, so repeated calls only look it up."""
+    row = _rows.get(request)
+    if row is None:
         digest = hashlib.blake2b(repr(request).encode(), digest_size=8).digest()
         h = int.from_bytes(digest, "little") >> 2
-        if len(_hashes) > 8192:
-            _hashes.clear()
-        _hashes[request] = h
-    return h
+        if len(_rows) > 8192:
+            _rows.clear()
+        row = _rows[request] = np.array([h, -h, 0, 0, 0, -1], dtype=np.int64)
+    return row
 
 
 class Control:
-    """Preallocated control vectors for one communicator."""
+    """Preallocated receive vector for one communicator."""
 
     def __init__(self) -> None:
-        self.send = np.empty(6, dtype=np.int64)
         self.recv = np.empty(6, dtype=np.int64)
 
 
 def negotiate(transport: Any, comm: Any, control: Control, request: Request,
               error: Optional[LocalError]) -> None:
     """Return when every rank of ``comm`` made the same valid request; else raise on every rank."""
-    h = request_hash(request)
-    send, recv = control.send, control.recv
-    send[0], send[1], send[2], send[3], send[4], send[5] = h, -h, error is not None, 0, 0, -1
-    transport.max_ints(comm, send, recv)
-    if recv[2] == 0 and recv[3] == 0 and recv[0] == -recv[1]:
+    send = _ok_row(request)
+    if error is not None:
+        send = send.copy()
+        send[2] = 1
+    transport.max_ints(comm, send, control.recv)
+    h_max, minus_h_min, any_error, any_joined = control.recv[:4].tolist()
+    if not any_error and not any_joined and h_max == -minus_h_min:
         return
     try:
         resolve(comm.allgather((request, error)))
@@ -82,9 +84,8 @@ def raised_on_every_rank(exc: Exception, comm: Any) -> Exception:
 def join_round(transport: Any, comm: Any, control: Control, rank: int,
                first: bool) -> Tuple[bool, int, Optional[Request]]:
     """One round of a joined rank: (all joined?, last rank to join, request to serve)."""
-    send, recv = control.send, control.recv
-    send[0], send[1], send[2], send[3], send[4] = _NEG, _NEG, 0, 1, -1
-    send[5] = rank if first else -1
+    send = np.array([_NEG, _NEG, 0, 1, -1, rank if first else -1], dtype=np.int64)
+    recv = control.recv
     transport.max_ints(comm, send, recv)
     if -recv[4] == 1:
         return True, int(recv[5]), None
@@ -121,6 +122,14 @@ def resolve(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]]) -
     return request
 
 
+def _show(value: Any) -> str:
+    if isinstance(value, np.dtype):
+        return str(value)
+    if isinstance(value, tuple) and value and all(isinstance(v, np.dtype) for v in value):
+        return "(" + ", ".join(map(str, value)) + ")"
+    return repr(value)
+
+
 def _ranks(ranks: List[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
@@ -136,6 +145,6 @@ def _differences(requests: List[Tuple[int, Request]]) -> str:
             if field == "op":
                 values = [(r, ReduceOp(v).name.title() if v is not None else None)
                           for r, v in values]
-            listing = ", ".join(f"rank {r} has {v!r}" for r, v in values)
+            listing = ", ".join(f"rank {r} has {_show(v)}" for r, v in values)
             parts.append(f"{label}: {listing}")
     return "; ".join(parts)

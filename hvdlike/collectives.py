@@ -12,6 +12,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import checks, dtypes, fusion, runtime
+from .buffers import ResultCache
 from .checks import Request
 from .handles import Handle
 from .process_sets import ProcessSet, global_process_set
@@ -20,7 +21,7 @@ from .tf_dispatch import accepts_tf_values
 
 Submitted = Tuple[List[Any], Callable[[], Any]]
 _pool = fusion.BufferPool()
-_DTYPES_BY_NAME = {str(d): d for d in dtypes.SUPPORTED}
+_results = ResultCache()
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -71,10 +72,10 @@ def _work_input(a: np.ndarray, prescale: float) -> Tuple[Optional[np.ndarray], n
     """(send buffer or None for in place, receive buffer) for reducing ``a``."""
     work = dtypes.reduce_dtype(a.dtype)
     if a.dtype.kind == "b":
-        return a.view(np.uint8), np.empty(a.shape, np.uint8)
+        return a.view(np.uint8), _results.empty(a.shape, work)
     if work == a.dtype and prescale == 1.0:
-        return a, np.empty_like(a)
-    buf = np.empty(a.shape, work)
+        return a, _results.empty(a.shape, work)
+    buf = _results.empty(a.shape, work)
     fusion.pack([a], buf.reshape(-1), prescale)
     return None, buf
 
@@ -104,7 +105,11 @@ def _finish_reduced(buf: np.ndarray, dtype: np.dtype, op: ReduceOp, postscale: f
     _scale_in_place(buf, op, postscale, n)
     if dtype.kind == "b":
         return buf.view(np.bool_)
-    return buf if buf.dtype == dtype else buf.astype(dtype)
+    if buf.dtype == dtype:
+        return buf
+    out = _results.empty(buf.shape, dtype)
+    np.copyto(out, buf, casting="unsafe")
+    return out
 
 
 def _handle(st: runtime._State, submitted: Submitted) -> Handle:
@@ -130,7 +135,7 @@ def _submit_allreduce(x: Any, op: Any, prescale_factor: float, postscale_factor:
     st, comm = _setup(process_set, "hvdlike.allreduce()")
     a = _array(x)
     op = as_reduce_op(op)
-    request = Request(_kind("allreduce", blocking), name, str(a.dtype), a.shape, int(op), None,
+    request = Request(_kind("allreduce", blocking), name, a.dtype, a.shape, int(op), None,
                       (float(prescale_factor), float(postscale_factor)))
     _negotiate(st, process_set, comm, request, _reduce_error(a, op))
     return _allreduce_data(st, comm, a, op, request.scale, blocking)
@@ -174,7 +179,7 @@ def _submit_grouped_allreduce(xs: Sequence[Any], op: Any, prescale_factor: float
     arrays = [_array(x) for x in xs]
     op = as_reduce_op(op)
     request = Request(_kind("grouped_allreduce", blocking), name,
-                      tuple(str(a.dtype) for a in arrays), tuple(a.shape for a in arrays),
+                      tuple(a.dtype for a in arrays), tuple(a.shape for a in arrays),
                       int(op), None, (float(prescale_factor), float(postscale_factor)))
     error = next((e for e in (_reduce_error(a, op) for a in arrays) if e), None)
     _negotiate(st, process_set, comm, request, error)
@@ -210,7 +215,7 @@ def _grouped_allreduce_data(st: runtime._State, comm: Any, arrays: List[np.ndarr
         def finish_bucket(bucket=bucket, members=members, base=base, buf=buf) -> None:
             _scale_in_place(buf, op, scale[1], n)
             out_dtypes = [np.dtype(np.uint8) if a.dtype.kind == "b" else a.dtype for a in members]
-            unpacked = fusion.unpack(buf, [a.shape for a in members], out_dtypes)
+            unpacked = fusion.unpack(buf, [a.shape for a in members], out_dtypes, _results.empty)
             for i, a, r in zip(bucket, members, unpacked):
                 results[i] = r.view(np.bool_) if a.dtype.kind == "b" else r
             _pool.release(base)
@@ -259,10 +264,10 @@ def _submit_allgather(x: Any, name: Optional[str], process_set: ProcessSet,
                       blocking: bool) -> Submitted:
     st, comm = _setup(process_set, "hvdlike.allgather()")
     a = _rows(_array(x))
-    request = Request(_kind("allgather", blocking), name, str(a.dtype), a.shape[1:])
+    request = Request(_kind("allgather", blocking), name, a.dtype, a.shape[1:])
     _negotiate(st, process_set, comm, request, _dtype_error(a))
     counts = st.transport.allgather_ints(comm, np.array([a.shape[0]], np.int64))[:, 0]
-    out = np.empty((int(counts.sum()),) + a.shape[1:], a.dtype)
+    out = _results.empty((int(counts.sum()),) + a.shape[1:], a.dtype)
     pending = st.transport.allgatherv(comm, st.transport.as_bytes(a),
                                       st.transport.as_bytes(out), counts * _row_bytes(a), blocking)
     return _pending(pending), lambda: out
@@ -290,7 +295,7 @@ def _submit_grouped_allgather(xs: Sequence[Any], name: Optional[str], process_se
     st, comm = _setup(process_set, "hvdlike.grouped_allgather()")
     arrays = [_rows(_array(x)) for x in xs]
     request = Request(_kind("grouped_allgather", blocking), name,
-                      tuple(str(a.dtype) for a in arrays), tuple(a.shape[1:] for a in arrays))
+                      tuple(a.dtype for a in arrays), tuple(a.shape[1:] for a in arrays))
     _negotiate(st, process_set, comm, request,
                next((e for e in map(_dtype_error, arrays) if e), None))
     rows = st.transport.allgather_ints(comm, np.array([a.shape[0] for a in arrays], np.int64))
@@ -301,7 +306,7 @@ def _submit_grouped_allgather(xs: Sequence[Any], name: Optional[str], process_se
     pending = st.transport.allgatherv(comm, send, recv, seg_bytes.sum(axis=1), blocking)
 
     def finish() -> List[np.ndarray]:
-        outs = [np.empty((int(rows[:, i].sum()),) + a.shape[1:], a.dtype)
+        outs = [_results.empty((int(rows[:, i].sum()),) + a.shape[1:], a.dtype)
                 for i, a in enumerate(arrays)]
         written = [0] * len(arrays)
         offset = 0
@@ -344,12 +349,14 @@ def _submit_broadcast(x: Any, root_rank: int, name: Optional[str], process_set: 
                       blocking: bool) -> Submitted:
     st, comm = _setup(process_set, "hvdlike.broadcast()")
     a = _array(x)
-    request = Request(_kind("broadcast", blocking), name, str(a.dtype), a.shape, None,
+    request = Request(_kind("broadcast", blocking), name, a.dtype, a.shape, None,
                       root_rank if isinstance(root_rank, (int, np.integer)) else repr(root_rank))
     _negotiate(st, process_set, comm, request,
                _root_error(root_rank, process_set) or _dtype_error(a))
     root = process_set.ranks.index(int(root_rank))
-    out = a.copy() if root == comm.Get_rank() else np.empty_like(a)
+    out = _results.empty(a.shape, a.dtype)
+    if root == comm.Get_rank():
+        np.copyto(out, a)
     pending = st.transport.bcast(comm, st.transport.as_bytes(out), root, blocking)
     return _pending(pending), lambda: out
 
@@ -394,10 +401,10 @@ def _submit_alltoall(x: Any, splits: Any, name: Optional[str], process_set: Proc
     st, comm = _setup(process_set, "hvdlike.alltoall()")
     a = _array(x)
     send_splits, error = _splits_or_error(a, splits, comm.Get_size())
-    request = Request(_kind("alltoall", blocking), name, str(a.dtype), a.shape[1:])
+    request = Request(_kind("alltoall", blocking), name, a.dtype, a.shape[1:])
     _negotiate(st, process_set, comm, request, error or _dtype_error(a))
     recv_splits = st.transport.alltoall_ints(comm, send_splits)
-    out = np.empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
+    out = _results.empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
     row = _row_bytes(a)
     pending = st.transport.alltoallv(comm, st.transport.as_bytes(a), send_splits * row,
                                      st.transport.as_bytes(out), recv_splits * row, blocking)
@@ -472,7 +479,7 @@ def _submit_grouped_reducescatter(xs: Sequence[Any], op: Any, name: Optional[str
     arrays = [_array(x) for x in xs]
     op = as_reduce_op(op)
     scale = (float(prescale_factor), float(postscale_factor))
-    dts = tuple(str(a.dtype) for a in arrays)
+    dts = tuple(a.dtype for a in arrays)
     shapes = tuple(a.shape for a in arrays)
     request = Request(_kind(kind, blocking), name, dts[0] if single else dts,
                       shapes[0] if single else shapes, int(op), None, scale)
@@ -511,7 +518,8 @@ def _submit_grouped_reducescatter(xs: Sequence[Any], op: Any, name: Optional[str
             out_dtypes = [np.dtype(np.uint8) if a.dtype.kind == "b" else a.dtype for a in members]
             _scale_in_place(recv, op, scale[1], n)
             shapes = [(int(rw[me]),) + a.shape[1:] for a, rw in zip(members, rows)]
-            for i, a, r in zip(bucket, members, fusion.unpack(recv, shapes, out_dtypes)):
+            for i, a, r in zip(bucket, members,
+                               fusion.unpack(recv, shapes, out_dtypes, _results.empty)):
                 results[i] = r.view(np.bool_) if a.dtype.kind == "b" else r
 
         finishers.append(finish_bucket)
@@ -583,10 +591,10 @@ def _serve_with_zeros(st: runtime._State, comm: Any, request: Request) -> None:
     blocking = not request.kind.endswith("_async")
     op = ReduceOp(request.op)
     if request.kind.startswith("grouped_"):
-        zeros = [np.zeros(s, _DTYPES_BY_NAME[d]) for s, d in zip(request.shape, request.dtype)]
+        zeros = [np.zeros(s, d) for s, d in zip(request.shape, request.dtype)]
         _run(_grouped_allreduce_data(st, comm, zeros, op, request.scale, blocking))
     else:
-        zeros_one = np.zeros(request.shape, _DTYPES_BY_NAME[request.dtype])
+        zeros_one = np.zeros(request.shape, request.dtype)
         _run(_allreduce_data(st, comm, zeros_one, op, request.scale, blocking))
 
 

@@ -4,7 +4,7 @@
 ``threshold`` bytes; ``pack``/``unpack`` copy tensors into and out of a flat buffer; ``BufferPool``
 keeps fusion buffers for reuse so steady-state training allocates none.
 """
-from typing import Dict, Hashable, List, Sequence
+from typing import Callable, Dict, Hashable, List, Sequence
 
 import numpy as np
 
@@ -43,13 +43,17 @@ def pack(arrays: Sequence[np.ndarray], buffer: np.ndarray, scale: float = 1.0) -
         offset += n
 
 
-def unpack(buffer: np.ndarray, shapes: Sequence[tuple], dtypes: Sequence[np.dtype]) -> List[np.ndarray]:
-    """New arrays of the given shapes and dtypes, read one after another from ``buffer``."""
+def unpack(buffer: np.ndarray, shapes: Sequence[tuple], dtypes: Sequence[np.dtype],
+           empty: Callable[[tuple, np.dtype], np.ndarray] = np.empty) -> List[np.ndarray]:
+    """New arrays (from ``empty(shape, dtype)``) of the given shapes and dtypes, read one after
+    another from ``buffer``."""
     out = []
     offset = 0
     for shape, dtype in zip(shapes, dtypes):
         n = int(np.prod(shape, dtype=np.int64))
-        out.append(buffer[offset:offset + n].astype(dtype).reshape(shape))
+        a = empty(shape, dtype)
+        np.copyto(a.reshape(-1), buffer[offset:offset + n], casting="unsafe")
+        out.append(a)
         offset += n
     return out
 

@@ -21,6 +21,8 @@ Product = ReduceOp.PRODUCT
 
 def as_reduce_op(op: object) -> ReduceOp:
     """Return ``op`` as a ReduceOp, or raise ValueError naming the accepted values."""
+    if type(op) is ReduceOp:
+        return op
     try:
         return ReduceOp(op)
     except ValueError:

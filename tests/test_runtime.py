@@ -117,3 +117,9 @@ def test_plain_mpi4py_would_hang_in_the_same_situation():
 def test_abort_on_exception_can_be_turned_off():
     job = launch(2, [sys.executable, FAILURE, "opt_out"], timeout=8)
     assert job.timed_out  # the user asked for plain MPI behaviour, hang included
+
+
+def test_results_the_program_holds_are_never_overwritten_by_later_calls():
+    for r in run_mpi(2, "runtime_cases:held_results_never_change", timeout=60):
+        assert r == dict(second_intact=True, gathered_intact=True, third=100.0, reused=True,
+                         distinct=True)

@@ -29,3 +29,7 @@ def cuda_built():
 
 def rocm_built():
     return False
+
+
+from hvdlike.tensorflow.tf_config import tf_config, export_tf_config  # noqa: F401,E402
+from hvdlike.tensorflow.strategy import MPIStrategy, MPICrossDeviceOps  # noqa: F401,E402

@@ -1,0 +1,141 @@
+"""TF_CONFIG from the MPI world, so native ``tf.distribute`` starts under ``mpirun``.
+
+``tf.distribute.MultiWorkerMirroredStrategy`` (and the other cluster strategies) read the
+cluster from the ``TF_CONFIG`` environment variable, which normally has to be written by
+hand on every node.  Under ``mpirun -np N python train.py``::
+
+    import hvdlike.tensorflow as hvd
+    hvd.export_tf_config()                           # before any TensorFlow op runs
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+Every rank picks a free TCP port on its own host (bound on the address it publishes, held
+open until all ranks have reported, so two ranks on one host never get the same port),
+the ``host:port`` pairs are exchanged with one MPI allgather, and every rank builds the
+same cluster dict with its own ``task``.  This module runs no TensorFlow code (it only
+uses the MPI core), so it is safe to call before TensorFlow initialises; it must be called
+by every rank (it is a collective).
+"""
+import json
+import os
+import socket
+
+import hvdlike as _core
+
+ROLES = ("chief", "worker", "evaluator", "ps")
+
+
+def _host_address(host):
+    """The address other ranks use to reach this one: ``host`` if given, else
+    ``HVDLIKE_TF_CONFIG_HOST``, else this machine's host name (socket.gethostname())."""
+    return host or os.environ.get("HVDLIKE_TF_CONFIG_HOST") or socket.gethostname()
+
+
+def _probe_port(address, port):
+    """Bind a listening socket on ``address`` (port 0: the OS picks a free one); return it
+    open, so that no other rank on this host can be handed the same port meanwhile."""
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise RuntimeError(f"hvdlike.tensorflow.tf_config: rank {_core.rank()} cannot resolve "
+                           f"its host address {address!r} ({e}); pass host= or set "
+                           "HVDLIKE_TF_CONFIG_HOST to a name or IP the other hosts can reach."
+                           ) from e
+    family, stype, proto, _, sockaddr = infos[0]
+    sock = socket.socket(family, stype, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(sockaddr)
+    sock.listen(1)
+    return sock, sock.getsockname()[1]
+
+
+def _roles_for(size, chief, evaluator, roles):
+    if roles is not None:
+        roles = list(roles)
+        if len(roles) != size:
+            raise ValueError(f"hvdlike.tensorflow.tf_config: roles has {len(roles)} entries "
+                             f"but the job has {size} ranks (one role per rank).")
+        bad = [r for r in roles if r not in ROLES]
+        if bad:
+            raise ValueError(f"hvdlike.tensorflow.tf_config: unknown roles {bad} "
+                             f"(allowed: {', '.join(ROLES)}).")
+        if roles.count("chief") > 1 or roles.count("evaluator") > 1:
+            raise ValueError("hvdlike.tensorflow.tf_config: at most one chief and one "
+                             "evaluator.")
+        return roles
+    out = ["worker"] * size
+    if chief:
+        out[0] = "chief"
+    if evaluator:
+        if size < 2 + (1 if chief else 0):
+            raise ValueError("hvdlike.tensorflow.tf_config: evaluator=True needs at least one "
+                             "other training rank.")
+        out[-1] = "evaluator"
+    return out
+
+
+def tf_config(chief=False, evaluator=False, roles=None, host=None, port=0,
+              process_set=_core.global_process_set):
+    """Build this rank's ``TF_CONFIG`` dict from the MPI world (a collective).
+
+    Every rank must call it with the same ``chief``/``evaluator``/``roles``.  Default: every
+    rank is a ``worker`` (task ``rank``; worker 0 acts as chief, as in
+    MultiWorkerMirroredStrategy).  ``chief=True`` makes rank 0 the ``chief`` task;
+    ``evaluator=True`` makes the last rank the ``evaluator`` (listed in the cluster as TF
+    expects; MultiWorkerMirroredStrategy does not train on it).  ``roles``: an explicit role
+    per rank (``"chief"``, ``"worker"``, ``"evaluator"``, ``"ps"``).  ``host``: the address
+    to publish for this rank (default: ``HVDLIKE_TF_CONFIG_HOST`` or the host name);
+    ``port``: 0 picks a free port, or pass a fixed one.
+
+    Returns ``{"cluster": {role: ["host:port", ...]}, "task": {"type": role, "index": i}}``:
+    the same ``cluster`` on every rank, tasks numbered in rank order within each role.
+    """
+    if not _core.is_initialized():
+        _core.init()
+    rank, size = process_set.rank(), process_set.size()
+    task_roles = _roles_for(size, chief, evaluator, roles)
+    address = _host_address(host)
+    sock, chosen = _probe_port(address, int(port))
+    try:
+        addresses = _core.allgather_object(f"{_format_host(address)}:{chosen}",
+                                           process_set=process_set)
+    finally:
+        sock.close()
+    cluster, index_of = {}, []
+    for role, addr in zip(task_roles, addresses):
+        cluster.setdefault(role, []).append(addr)
+        index_of.append(len(cluster[role]) - 1)
+    if len(set(addresses)) != len(addresses):  # cannot happen with port=0
+        raise RuntimeError(f"hvdlike.tensorflow.tf_config: duplicate addresses {addresses}; "
+                           "with a fixed port= every rank needs its own host.")
+    return {"cluster": cluster, "task": {"type": task_roles[rank], "index": index_of[rank]}}
+
+
+def _format_host(address):
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
+def export_tf_config(chief=False, evaluator=False, roles=None, host=None, port=0,
+                     process_set=_core.global_process_set, overwrite=False):
+    """Compute :func:`tf_config` and store it as JSON in ``os.environ["TF_CONFIG"]``.
+
+    Call it on every rank before the first TensorFlow operation runs (at least before the
+    strategy is created: MultiWorkerMirroredStrategy configures TensorFlow's collective
+    runtime at start-up).  An existing ``TF_CONFIG`` is kept unless ``overwrite=True``
+    (every rank must then agree, or the call would not be collective): returns the dict
+    in effect.
+    """
+    if not _core.is_initialized():
+        _core.init()
+    existing = os.environ.get("TF_CONFIG")
+    keep = bool(existing) and not overwrite
+    keep_all = _core.allgather_object(keep, process_set=process_set)
+    if all(keep_all):
+        return json.loads(existing)
+    if any(keep_all):
+        have = [r for r, k in enumerate(keep_all) if k]
+        raise RuntimeError(f"hvdlike.tensorflow.export_tf_config: TF_CONFIG is already set on "
+                           f"ranks {have} only; unset it everywhere or pass overwrite=True.")
+    config = tf_config(chief=chief, evaluator=evaluator, roles=roles, host=host, port=port,
+                       process_set=process_set)
+    os.environ["TF_CONFIG"] = json.dumps(config)
+    return config
