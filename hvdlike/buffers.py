@@ -16,6 +16,18 @@ import numpy as np
 _IDLE_REFS = 3  # the cache's list, the loop variable and getrefcount's own argument
 
 
+_HUGE_PAGE = 2 << 20
+
+
+def _aligned_empty(shape: tuple, dtype: np.dtype, nbytes: int) -> np.ndarray:
+    """An array starting on a 2 MiB boundary (a 64-byte one below 2 MiB), so that large
+    results can live on transparent huge pages wherever the allocator placed them."""
+    align = _HUGE_PAGE if nbytes >= _HUGE_PAGE else 64
+    raw = np.empty(nbytes + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 class ResultCache:
     def __init__(self, min_bytes: int = 64 * 1024, max_bytes: int = 1 << 30) -> None:
         self.min_bytes, self.max_bytes = min_bytes, max_bytes
@@ -23,8 +35,8 @@ class ResultCache:
         self._bytes = 0
 
     def empty(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
-        """An uninitialized array of ``shape`` and ``dtype`` that no one else refers to."""
-        dtype = np.dtype(dtype)
+        """An uninitialized array of ``shape`` and ``dtype`` (an np.dtype) that no one else
+        refers to."""
         nbytes = dtype.itemsize * math.prod(shape)
         if nbytes < self.min_bytes:
             return np.empty(shape, dtype)
@@ -33,7 +45,7 @@ class ResultCache:
         for a in arrays:
             if sys.getrefcount(a) == _IDLE_REFS:
                 return a
-        a = np.empty(shape, dtype)
+        a = _aligned_empty(shape, dtype, nbytes)
         if self._bytes + nbytes <= self.max_bytes:
             arrays.append(a)
             self._bytes += nbytes

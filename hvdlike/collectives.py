@@ -7,6 +7,7 @@ garbage. Each collective is written once as a ``_submit_*`` function that return
 requests in flight and a ``finish`` callback; the blocking form waits at once, the ``*_async``
 form returns a Handle.
 """
+import functools
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -57,11 +58,13 @@ def _dtype_error(a: np.ndarray) -> Optional[checks.LocalError]:
 
 
 def _reduce_error(a: np.ndarray, op: ReduceOp) -> Optional[checks.LocalError]:
-    error = _dtype_error(a)
-    if error is None:
-        msg = dtypes.reduce_op_error(a.dtype, op)
-        error = ("TypeError", msg) if msg else None
-    return error
+    return _reduce_error_for(a.dtype, op)
+
+
+@functools.lru_cache(maxsize=256)
+def _reduce_error_for(dtype: np.dtype, op: ReduceOp) -> Optional[checks.LocalError]:
+    msg = dtypes.dtype_error(dtype) or dtypes.reduce_op_error(dtype, op)
+    return ("TypeError", msg) if msg else None
 
 
 def _kind(name: str, blocking: bool) -> str:
