@@ -19,6 +19,8 @@ from hvdlike.tensorflow.functions import (  # noqa: F401
     broadcast_variables, broadcast_global_variables, broadcast_object, allgather_object,
 )
 from hvdlike.tensorflow.data import shard_dataset  # noqa: F401
+from hvdlike.tensorflow.tf_config_emulation import tf_config, export_tf_config  # noqa: F401
+from hvdlike.tensorflow.strategy import MPIStrategy, MPICrossDeviceOps  # noqa: F401
 
 
 
@@ -29,7 +31,3 @@ def cuda_built():
 
 def rocm_built():
     return False
-
-
-from hvdlike.tensorflow.tf_config import tf_config, export_tf_config  # noqa: F401,E402
-from hvdlike.tensorflow.strategy import MPIStrategy, MPICrossDeviceOps  # noqa: F401,E402
