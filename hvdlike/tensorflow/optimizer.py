@@ -8,9 +8,9 @@ weight decay, loss scaling and EMA all see the averaged gradient.
 import tensorflow as tf
 
 import hvdlike as _core
-from hvdlike import Average
+from hvdlike import Average, Min
 
-from hvdlike.tensorflow import compat
+from hvdlike.tensorflow import compat, ops
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import GradientReducer
 
@@ -184,17 +184,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     or Sum.  ``compression``: Compression.none / fp16 / bf16 on the wire.
     ``backward_passes_per_step`` k: gradients are summed locally for k calls, then
     reduced once and applied (divided by k first if ``average_aggregated_gradients``);
-    ``optimizer.iterations`` counts applied updates.  Under a ``mixed_float16`` global
-    policy a plain optimizer is first wrapped in ``LossScaleOptimizer`` (as
-    ``model.compile`` would), so that the loss-scale decision sees reduced gradients
-    and is identical on every rank.  ``device_*`` and ``scale_local_gradients`` are
+    ``optimizer.iterations`` counts applied updates.  Mixed precision: a
+    ``LossScaleOptimizer`` may sit inside (``DistributedOptimizer(LossScaleOptimizer(opt))``)
+    or outside (``LossScaleOptimizer(DistributedOptimizer(opt))``, which is also what
+    ``model.compile`` builds under a ``mixed_float16`` policy); either way every rank makes
+    the same skip-or-apply decision.  ``device_*`` and ``scale_local_gradients`` are
     accepted for Horovod compatibility and ignored.
     """
     _check_optimizer(optimizer)
-    lso_cls = compat.loss_scale_optimizer_class()
-    if (compat.is_keras3() and not isinstance(optimizer, lso_cls)
-            and compat.keras().mixed_precision.dtype_policy().name == "mixed_float16"):
-        optimizer = lso_cls(optimizer)
     if getattr(optimizer, "built", False) and getattr(optimizer, "variables", None):
         raise ValueError(
             "hvdlike DistributedOptimizer: the optimizer already has state (it was built or "
@@ -213,6 +210,40 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                     num_groups=num_groups, groups=groups, process_set=process_set)
     cls = _distributed_class(type(optimizer), settings)
     return cls.from_config(optimizer.get_config())
+
+
+def _agree_on_loss_scale_decisions():
+    """Make ``LossScaleOptimizer(DistributedOptimizer(opt))`` decide on every rank alike.
+
+    Keras 3's LossScaleOptimizer checks its *local* gradients for inf/NaN and only then calls
+    the inner optimizer, whose apply all-reduces. If one rank overflowed and another did not,
+    one would reduce and the other skip: a hang, or steps silently paired with the wrong
+    partner. Here, when the inner optimizer is distributed, the finite verdict becomes the AND
+    over its ranks (as if the check had seen the reduced gradients, where one rank's inf
+    spreads to all). Installed once; other LossScaleOptimizers are unaffected.
+    """
+    if not compat.is_keras3():
+        return
+    lso_cls = compat.loss_scale_optimizer_class()
+    local_check = lso_cls.check_finite
+    if getattr(local_check, "_hvdlike_agrees", False):
+        return
+
+    def check_finite(self, grads):
+        finite = local_check(self, grads)
+        inner = getattr(self, "inner_optimizer", None)
+        if not is_distributed_optimizer(inner):
+            return finite
+        votes = ops.allreduce(tf.cast(finite, tf.int32), op=Min,
+                              name="hvdlike.loss_scale.all_finite",
+                              process_set=inner._hvd_reducer.process_set)
+        return tf.equal(votes, 1)
+
+    check_finite._hvdlike_agrees = True
+    lso_cls.check_finite = check_finite
+
+
+_agree_on_loss_scale_decisions()
 
 
 def distributed_optimizer_classes(custom_optimizers=None, **settings):

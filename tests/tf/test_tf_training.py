@@ -22,7 +22,7 @@ CHECKS = [
     "load_model_restores_wrapped_optimizer_with_state",
     "bad_inputs_give_clear_errors",
     "embedding_indexed_slices_gradients_match_reference",
-    "mixed_precision_loss_scale_inside_and_auto_wrapped",
+    "mixed_precision_loss_scale_inside_outside_and_compile_wrapped",
     "shard_dataset_data_and_file_policies",
 ]
 

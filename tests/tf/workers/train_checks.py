@@ -311,34 +311,54 @@ def _():
             assert_close(a, b, rtol=RTOL, atol=ATOL, msg=str(kw))
 
 
-@check("mixed_precision_loss_scale_inside_and_auto_wrapped")
+@check("mixed_precision_loss_scale_inside_outside_and_compile_wrapped")
 def _():
     if compat.use_legacy_keras():
         return  # tf_keras mixed precision is not covered by these checks
     LSO = keras.mixed_precision.LossScaleOptimizer
+    from hvdlike.tensorflow.optimizer import is_distributed_optimizer
     try:
         keras.mixed_precision.set_dtype_policy("mixed_float16")
-        # explicit LossScaleOptimizer inside, fixed small scale (no overflow): equals the
+        # fixed small scale (no overflow): LossScaleOptimizer inside or outside equals the
         # single-process reference within fp16 tolerance
         ref = make_model()
         ref.compile(optimizer=LSO(keras.optimizers.SGD(0.05), initial_scale=128.0), loss="mse")
         ref.fit(X[:STEPS * B * n], Y[:STEPS * B * n], batch_size=B * n, shuffle=False,
                 verbose=0)
-        m = fit_distributed(hvdk.DistributedOptimizer(
-            LSO(keras.optimizers.SGD(0.05), initial_scale=128.0)))
-        assert isinstance(m.optimizer, LSO)
-        for a, b in zip(m.get_weights(), ref.get_weights()):
-            assert_close(a, b, rtol=1e-2, atol=2e-3)
-        same_on_every_rank(m.get_weights(), "weights")
-        # plain optimizer under a mixed_float16 policy is wrapped in LSO by
-        # DistributedOptimizer (default dynamic scale: the overflow/skip decisions are
-        # made on reduced gradients, so every rank skips the same steps)
-        opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05))
-        assert isinstance(opt, LSO), type(opt)
-        m = fit_distributed(opt, steps=2 * STEPS)
+        variants = {
+            "inside": lambda: hvdk.DistributedOptimizer(
+                LSO(keras.optimizers.SGD(0.05), initial_scale=128.0)),
+            "outside": lambda: LSO(hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05)),
+                                   initial_scale=128.0),
+        }
+        for label, make_opt in variants.items():
+            m = fit_distributed(make_opt())
+            assert isinstance(m.optimizer, LSO), label
+            for a, b in zip(m.get_weights(), ref.get_weights()):
+                assert_close(a, b, rtol=1e-2, atol=2e-3, msg=label)
+            same_on_every_rank(m.get_weights(), f"weights ({label})")
+        # a plain DistributedOptimizer under the policy: model.compile wraps it in a
+        # LossScaleOptimizer (outside, dynamic scale)
+        m = fit_distributed(hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05)),
+                            steps=2 * STEPS)
+        assert isinstance(m.optimizer, LSO) and is_distributed_optimizer(
+            m.optimizer.inner_optimizer), type(m.optimizer)
         w = m.get_weights()
         assert all(np.isfinite(a).all() for a in w)
         same_on_every_rank(w + [m.optimizer.dynamic_scale.numpy()], "weights and loss scale")
+        # overflow on the last rank only: every rank skips the step and halves its scale
+        m = make_model()
+        before = m.get_weights()
+        opt = LSO(hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05)), initial_scale=2.0**15)
+        m.compile(optimizer=opt, loss="mse")
+        x = local_rows(1, B).copy()
+        if r == n - 1:
+            x *= 1e4  # fp16 gradients of the first layer overflow at this loss scale
+        m.fit(x, local_rows(1, B, Y), batch_size=B, epochs=1, shuffle=False, verbose=0)
+        assert float(opt.dynamic_scale.numpy()) == 2.0**14, opt.dynamic_scale.numpy()
+        for a, b in zip(m.get_weights(), before):
+            np.testing.assert_array_equal(a, b)
+        same_on_every_rank(m.get_weights() + [opt.dynamic_scale.numpy()], "after overflow")
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
 
