@@ -21,7 +21,9 @@ setup(
     extras_require={
         "tf": ["tensorflow>=2.16", "keras>=3.0"],
         "gpu": ["cupy-cuda12x", "nvidia-nccl-cu12"],
-        "test": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "matplotlib"],
+        # tf-keras: the legacy-Keras (TF_USE_LEGACY_KERAS=1) checks and the native
+        # MultiWorkerMirroredStrategy comparison need it.
+        "test": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "matplotlib", "tf-keras>=2.16"],
     },
     entry_points={"console_scripts": ["hvdlikerun = hvdlike.runner.launch:main"]},
     classifiers=[
