@@ -123,3 +123,18 @@ def test_results_the_program_holds_are_never_overwritten_by_later_calls():
     for r in run_mpi(2, "runtime_cases:held_results_never_change", timeout=60):
         assert r == dict(second_intact=True, gathered_intact=True, third=100.0, reused=True,
                          distinct=True)
+
+
+def test_non_contiguous_and_buffer_protocol_inputs_are_accepted():
+    import numpy as np
+
+    results = run_mpi(2, "runtime_cases:non_contiguous_inputs", timeout=60)
+    base = np.arange(24, dtype=np.float64).reshape(4, 6)
+    for r in results:
+        assert r["flags"] == (False, False)
+        assert r["allreduce"] == (base.T * 3).tolist()
+        assert r["allgather"] == np.concatenate([base[:, ::2], 2 * base[:, ::2]]).tolist()
+        assert r["broadcast"] == (2 * base[:, ::2]).tolist()
+        assert r["grouped"] == [(2 * base.T).tolist(), (2 * base[:, ::2]).tolist()]
+        assert r["from_list"] == [2, 4, 6]
+        assert r["from_memoryview"] == [2.0, 2.0, 2.0]

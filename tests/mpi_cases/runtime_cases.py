@@ -103,3 +103,18 @@ def held_results_never_change() -> Dict[str, Any]:
                 third=float(third[0]) if (third == third[0]).all() else None,
                 reused=third.ctypes.data == address,
                 distinct=len({second.ctypes.data, third.ctypes.data, gathered.ctypes.data}) == 3)
+
+
+def non_contiguous_inputs() -> Dict[str, Any]:
+    """Strided and transposed inputs are copied, not rejected; results match contiguous ones."""
+    rank = hvd.rank()
+    base = np.arange(24, dtype=np.float64).reshape(4, 6) * (rank + 1)
+    transposed, strided = base.T, base[:, ::2]
+    return dict(
+        flags=(transposed.flags.c_contiguous, strided.flags.c_contiguous),
+        allreduce=hvd.allreduce(transposed, op=hvd.Sum).tolist(),
+        allgather=hvd.allgather(strided).tolist(),
+        broadcast=hvd.broadcast(strided, root_rank=1).tolist(),
+        grouped=[g.tolist() for g in hvd.grouped_allreduce([transposed, strided], op=hvd.Max)],
+        from_list=hvd.allreduce([1, 2, 3], op=hvd.Sum).tolist(),
+        from_memoryview=hvd.allreduce(memoryview(np.ones(3, np.float32)), op=hvd.Sum).tolist())
