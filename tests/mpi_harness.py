@@ -99,5 +99,18 @@ def run_script(np: int, script: str, *args: Any, timeout: float = DEFAULT_TIMEOU
     return job
 
 
+_finished: Dict[tuple, Job] = {}
+
+
+def run_script_once(np: int, script: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
+                    env: Optional[Mapping[str, str]] = None, mpi: bool = True) -> Job:
+    """``run_script``, run at most once per distinct call in a test session: one job prints
+    many ``CHECK`` lines and a test per check reads them."""
+    key = (np, script, tuple(map(str, args)), tuple(sorted((env or {}).items())), mpi)
+    if key not in _finished:
+        _finished[key] = run_script(np, script, *args, timeout=timeout, env=env, mpi=mpi)
+    return _finished[key]
+
+
 def env_for(**values: Any) -> Dict[str, str]:
     return {k: str(v) for k, v in values.items()}

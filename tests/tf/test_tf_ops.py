@@ -1,7 +1,7 @@
 """Collectives on TF values: every check runs on every rank of one MPI job per world size."""
 import pytest
 
-from mpi_harness import run_script
+from mpi_harness import run_script, run_script_once
 
 CHECKS = [
     "allreduce_average_eager",
@@ -24,14 +24,11 @@ CHECKS = [
 ]
 
 WORLDS = {"np1_without_mpirun": (1, False), "np2": (2, True), "np4": (4, True)}
-_jobs = {}
 
 
 def _job(world):
-    if world not in _jobs:
-        nranks, mpi = WORLDS[world]
-        _jobs[world] = run_script(nranks, "ops_checks.py", timeout=240, mpi=mpi)
-    return _jobs[world]
+    nranks, mpi = WORLDS[world]
+    return run_script_once(nranks, "ops_checks.py", timeout=240, mpi=mpi)
 
 
 @pytest.mark.parametrize("world", list(WORLDS))

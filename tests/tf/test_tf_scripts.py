@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from mpi_harness import run_script
+from mpi_harness import run_script, run_script_once
 
 EXAMPLES = {
     "keras_mnist": ("examples/keras_mnist.py", ["--epochs", "2", "--train-size", "4096"]),
@@ -60,9 +60,6 @@ def test_horovod_style_custom_loop_script_runs_with_only_import_changed():
     assert len(re.findall(r"^HOROVOD_STYLE_CUSTOM_LOOP_OK rank=\d", res.output, re.M)) == 2
 
 
-_legacy_job = {}
-
-
 @pytest.mark.parametrize("check", [
     "fit_sgd_np_equals_single_process_global_batch",
     "fit_adam_np_equals_single_process_global_batch",
@@ -74,10 +71,7 @@ _legacy_job = {}
     "bad_inputs_give_clear_errors",
 ])
 def test_tf_keras_legacy_training_check_passes_on_every_rank(check):
-    if "job" not in _legacy_job:
-        _legacy_job["job"] = run_script(2, "train_checks.py", timeout=300,
-                                     env={"TF_USE_LEGACY_KERAS": "1"})
-    res = _legacy_job["job"]
+    res = run_script_once(2, "train_checks.py", timeout=300, env={"TF_USE_LEGACY_KERAS": "1"})
     assert res.passed(check, 2), res.output[-6000:]
 
 

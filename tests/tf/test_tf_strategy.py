@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from mpi_harness import run_script
+from mpi_harness import run_script, run_script_once
 
 CHECKS = [
     "strategy_is_multiworker_with_global_replicas_and_cluster_resolver",
@@ -36,17 +36,13 @@ NATIVE_CHECKS = [
     "native_strategy_tf_keras_fit_equals_single_process_global_batch",
     "native_strategy_keras3_fit_fails_with_perreplica_error",
 ]
-_jobs = {}
 
 
 def _job(world):
-    if world not in _jobs:
-        if world == "native_np2":
-            _jobs[world] = run_script(2, "strategy_native.py", timeout=180)
-        else:
-            nranks, mpi, env = WORLDS[world]
-            _jobs[world] = run_script(nranks, "strategy_checks.py", timeout=240, mpi=mpi, env=env)
-    return _jobs[world]
+    if world == "native_np2":
+        return run_script_once(2, "strategy_native.py", timeout=180)
+    nranks, mpi, env = WORLDS[world]
+    return run_script_once(nranks, "strategy_checks.py", timeout=240, mpi=mpi, env=env)
 
 
 @pytest.mark.parametrize("world", list(WORLDS))

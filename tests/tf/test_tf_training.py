@@ -5,7 +5,7 @@ equivalence to rtol 1e-5 in float32 for SGD and Adam, with fit and a custom loop
 """
 import pytest
 
-from mpi_harness import run_script
+from mpi_harness import run_script_once
 
 CHECKS = [
     "fit_sgd_np_equals_single_process_global_batch",
@@ -27,14 +27,11 @@ CHECKS = [
 ]
 
 WORLDS = {"np1_without_mpirun": (1, False), "np2": (2, True), "np4": (4, True)}
-_jobs = {}
 
 
 def _job(world):
-    if world not in _jobs:
-        nranks, mpi = WORLDS[world]
-        _jobs[world] = run_script(nranks, "train_checks.py", timeout=300, mpi=mpi)
-    return _jobs[world]
+    nranks, mpi = WORLDS[world]
+    return run_script_once(nranks, "train_checks.py", timeout=300, mpi=mpi)
 
 
 @pytest.mark.parametrize("world", list(WORLDS))
