@@ -304,8 +304,12 @@ def _submit_grouped_allgather(xs: Sequence[Any], name: Optional[str], process_se
     rows = st.transport.allgather_ints(comm, np.array([a.shape[0] for a in arrays], np.int64))
     row_bytes = np.array([_row_bytes(a) for a in arrays], np.int64)
     seg_bytes = rows * row_bytes  # [rank, tensor]
-    send = np.concatenate([st.transport.as_bytes(a) for a in arrays]) if arrays else np.empty(0, np.uint8)
-    recv = np.empty(int(seg_bytes.sum()), np.uint8)
+    u8 = np.dtype(np.uint8)
+    send_size, recv_size = int(seg_bytes[comm.Get_rank()].sum()), int(seg_bytes.sum())
+    send_base, recv_base = _pool.acquire(u8, send_size), _pool.acquire(u8, recv_size)
+    send, recv = send_base[:send_size], recv_base[:recv_size]
+    if arrays:
+        np.concatenate([st.transport.as_bytes(a) for a in arrays], out=send)
     pending = st.transport.allgatherv(comm, send, recv, seg_bytes.sum(axis=1), blocking)
 
     def finish() -> List[np.ndarray]:
@@ -319,6 +323,8 @@ def _submit_grouped_allgather(xs: Sequence[Any], name: Optional[str], process_se
                 st.transport.as_bytes(out)[written[i]:written[i] + n] = recv[offset:offset + n]
                 written[i] += n
                 offset += n
+        _pool.release(send_base)
+        _pool.release(recv_base)
         return outs
 
     return _pending(pending), finish
@@ -504,7 +510,8 @@ def _submit_grouped_reducescatter(xs: Sequence[Any], op: Any, name: Optional[str
         # Rank-major layout: rank r's rows of every member, then rank r+1's, ...
         counts = sum(rw * re for rw, re in zip(rows, row_elems))
         wdtype = work[bucket[0]]
-        send = np.empty(int(sum(a.size for a in members)), wdtype)
+        send_base = _pool.acquire(wdtype, int(sum(a.size for a in members)))
+        send = send_base[:int(sum(a.size for a in members))]
         offset = 0
         starts = [np.concatenate(([0], np.cumsum(rw))) for rw in rows]
         for r in range(n):
@@ -512,18 +519,21 @@ def _submit_grouped_reducescatter(xs: Sequence[Any], op: Any, name: Optional[str
                 block = a[st_rows[r]:st_rows[r + 1]]
                 fusion.pack([block], send[offset:offset + block.size], scale[0])
                 offset += block.size
-        recv = np.empty(int(counts[me]), wdtype)
+        recv_base = _pool.acquire(wdtype, int(counts[me]))
+        recv = recv_base[:int(counts[me])]
         requests += _pending(st.transport.reduce_scatter(
             comm, send, recv, counts, _mpi_op(members[0].dtype, op), blocking))
 
         def finish_bucket(bucket=bucket, members=members, rows=rows, recv=recv,
-                          send=send) -> None:
+                          bases=(send_base, recv_base)) -> None:
             out_dtypes = [np.dtype(np.uint8) if a.dtype.kind == "b" else a.dtype for a in members]
             _scale_in_place(recv, op, scale[1], n)
             shapes = [(int(rw[me]),) + a.shape[1:] for a, rw in zip(members, rows)]
             for i, a, r in zip(bucket, members,
                                fusion.unpack(recv, shapes, out_dtypes, _results.empty)):
                 results[i] = r.view(np.bool_) if a.dtype.kind == "b" else r
+            for base in bases:
+                _pool.release(base)
 
         finishers.append(finish_bucket)
 
