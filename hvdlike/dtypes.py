@@ -53,7 +53,3 @@ def reduce_op_error(dtype: np.dtype, op: ReduceOp) -> Optional[str]:
 def bool_op(op: ReduceOp) -> ReduceOp:
     """The uint8 reduction that implements ``op`` on bool values."""
     return ReduceOp.MAX if op in (ReduceOp.SUM, ReduceOp.MAX) else ReduceOp.MIN
-
-
-def is_integer(dtype: np.dtype) -> bool:
-    return dtype.kind in "iu"

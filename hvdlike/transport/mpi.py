@@ -5,7 +5,7 @@ completed on return (None is returned); when False the MPI request to wait on is
 Reductions take typed buffers; data movement works on uint8 views so any dtype travels as bytes.
 Importing this module initializes MPI, so only ``runtime.init`` imports it.
 """
-from typing import List, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -105,11 +105,3 @@ def barrier(comm: MPI.Comm, blocking: bool) -> Optional[Request]:
         comm.Barrier()
         return None
     return comm.Ibarrier()
-
-
-def wait_all(requests: Sequence[Request]) -> None:
-    MPI.Request.Waitall(list(requests))
-
-
-def test_all(requests: List[Request]) -> bool:
-    return bool(MPI.Request.Testall(requests))
