@@ -13,7 +13,8 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-_IDLE_REFS = 3  # the cache's list, the loop variable and getrefcount's own argument
+_IDLE_REFS = 4  # the cache's list, empty()'s loop variable, _idle's parameter, getrefcount's
+_IDLE_BASE_REFS = 2  # the cached array's own base pointer and getrefcount's argument
 
 
 _HUGE_PAGE = 2 << 20
@@ -26,6 +27,13 @@ def _aligned_empty(shape: tuple, dtype: np.dtype, nbytes: int) -> np.ndarray:
     raw = np.empty(nbytes + align, np.uint8)
     start = -raw.ctypes.data % align
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _idle(a: np.ndarray) -> bool:
+    """Nothing outside the cache refers to ``a`` or to its memory. A view of ``a`` (slice,
+    reshape, ``.view(bool)``) refers to the buffer ``a`` is itself a view of, not to ``a``
+    (NumPy collapses bases), so both reference counts are checked."""
+    return sys.getrefcount(a) == _IDLE_REFS and sys.getrefcount(a.base) == _IDLE_BASE_REFS
 
 
 class ResultCache:
@@ -43,7 +51,7 @@ class ResultCache:
         key = (tuple(shape), dtype)
         arrays = self._arrays.setdefault(key, [])
         for a in arrays:
-            if sys.getrefcount(a) == _IDLE_REFS:
+            if _idle(a):
                 return a
         a = _aligned_empty(shape, dtype, nbytes)
         if self._bytes + nbytes <= self.max_bytes:

@@ -93,12 +93,16 @@ def held_results_never_change() -> Dict[str, Any]:
     first = hvd.allreduce(np.full(n, rank + 1.0, np.float32), op=hvd.Sum)
     second = hvd.allreduce(np.full(n, 10.0 * (rank + 1), np.float32), op=hvd.Sum)
     gathered = hvd.allgather(np.full((n // 4, 4), rank, np.float32))
+    # bool results are views of a cached uint8 buffer: held, it must not be handed out again
+    flags = hvd.allreduce(np.full(4 * n, rank == 0), op=hvd.Sum)
+    flags_again = hvd.allreduce(np.full(4 * n, False), op=hvd.Sum)
     view = second[::2]
     address = first.ctypes.data
     del first
     third = hvd.allreduce(np.full(n, 100.0, np.float32), op=hvd.Average)
     total = size * (size + 1) / 2
-    return dict(second_intact=bool((view == 10 * total).all()) and bool((second == 10 * total).all()),
+    return dict(second_intact=bool((view == 10 * total).all()) and bool((second == 10 * total).all())
+                and bool(flags.all()) and not bool(flags_again.any()),
                 gathered_intact=bool((gathered[: n // 4] == 0).all()),
                 third=float(third[0]) if (third == third[0]).all() else None,
                 reused=third.ctypes.data == address,
