@@ -141,14 +141,27 @@ def _submit_allreduce(x: Any, op: Any, prescale_factor: float, postscale_factor:
     request = Request(_kind("allreduce", blocking), name, a.dtype, a.shape, int(op), None,
                       (float(prescale_factor), float(postscale_factor)))
     _negotiate(st, process_set, comm, request, _reduce_error(a, op))
-    return _allreduce_data(st, comm, a, op, request.scale, blocking)
+    return _allreduce_data(st, process_set, a, op, request.scale, blocking)
 
 
-def _allreduce_data(st: runtime._State, comm: Any, a: np.ndarray, op: ReduceOp,
+def _reduce(st: runtime._State, process_set: ProcessSet, send: Optional[np.ndarray],
+            recv: np.ndarray, op: ReduceOp, blocking: bool) -> Any:
+    """All-reduce on the fastest transport: shared memory for a blocking reduction of at least
+    HVDLIKE_SHM_THRESHOLD bytes among ranks of one node, MPI otherwise. Returns the MPI request
+    in flight, or None once done. Every rank takes the same branch: they reduce the same bytes."""
+    shm = process_set._shm
+    if (blocking and shm is not None and recv.nbytes >= st.settings.shm_threshold
+            and shm.reserve(recv.nbytes)):
+        shm.allreduce(send, recv, op)
+        return None
+    return st.transport.allreduce(process_set._comm, send, recv, op, blocking)
+
+
+def _allreduce_data(st: runtime._State, process_set: ProcessSet, a: np.ndarray, op: ReduceOp,
                     scale: Tuple[float, float], blocking: bool) -> Submitted:
     send, recv = _work_input(a, scale[0])
-    pending = st.transport.allreduce(comm, send, recv, _mpi_op(a.dtype, op), blocking)
-    n = comm.Get_size()
+    pending = _reduce(st, process_set, send, recv, _mpi_op(a.dtype, op), blocking)
+    n = process_set.size()
     return _pending(pending), lambda: _finish_reduced(recv, a.dtype, op, scale[1], n)
 
 
@@ -186,10 +199,10 @@ def _submit_grouped_allreduce(xs: Sequence[Any], op: Any, prescale_factor: float
                       int(op), None, (float(prescale_factor), float(postscale_factor)))
     error = next((e for e in (_reduce_error(a, op) for a in arrays) if e), None)
     _negotiate(st, process_set, comm, request, error)
-    return _grouped_allreduce_data(st, comm, arrays, op, request.scale, blocking)
+    return _grouped_allreduce_data(st, process_set, arrays, op, request.scale, blocking)
 
 
-def _grouped_allreduce_data(st: runtime._State, comm: Any, arrays: List[np.ndarray],
+def _grouped_allreduce_data(st: runtime._State, process_set: ProcessSet, arrays: List[np.ndarray],
                             op: ReduceOp, scale: Tuple[float, float], blocking: bool) -> Submitted:
     work = [dtypes.reduce_dtype(a.dtype) for a in arrays]
     keys = [a.dtype if a.dtype.kind == "b" else w for a, w in zip(arrays, work)]  # bool: own op
@@ -198,11 +211,11 @@ def _grouped_allreduce_data(st: runtime._State, comm: Any, arrays: List[np.ndarr
     requests: List[Any] = []
     finishers: List[Callable[[], None]] = []
     results: List[Any] = [None] * len(arrays)
-    n = comm.Get_size()
+    n = process_set.size()
     for bucket in buckets:
         if len(bucket) == 1:
             i = bucket[0]
-            reqs, finish = _allreduce_data(st, comm, arrays[i], op, scale, blocking)
+            reqs, finish = _allreduce_data(st, process_set, arrays[i], op, scale, blocking)
             requests += reqs
             finishers.append(lambda i=i, finish=finish: results.__setitem__(i, finish()))
             continue
@@ -212,8 +225,7 @@ def _grouped_allreduce_data(st: runtime._State, comm: Any, arrays: List[np.ndarr
         buf = base[:size]
         fusion.pack(members, buf, scale[0])
         dtype = members[0].dtype
-        requests += _pending(st.transport.allreduce(comm, None, buf, _mpi_op(dtype, op),
-                                                        blocking))
+        requests += _pending(_reduce(st, process_set, None, buf, _mpi_op(dtype, op), blocking))
 
         def finish_bucket(bucket=bucket, members=members, base=base, buf=buf) -> None:
             _scale_in_place(buf, op, scale[1], n)
@@ -596,19 +608,19 @@ def join() -> int:
         if done:
             return last
         assert request is not None
-        _serve_with_zeros(st, comm, request)
+        _serve_with_zeros(st, process_set, request)
 
 
-def _serve_with_zeros(st: runtime._State, comm: Any, request: Request) -> None:
+def _serve_with_zeros(st: runtime._State, process_set: ProcessSet, request: Request) -> None:
     """Take a joined rank's part in another rank's allreduce: contribute zeros."""
     blocking = not request.kind.endswith("_async")
     op = ReduceOp(request.op)
     if request.kind.startswith("grouped_"):
         zeros = [np.zeros(s, d) for s, d in zip(request.shape, request.dtype)]
-        _run(_grouped_allreduce_data(st, comm, zeros, op, request.scale, blocking))
+        _run(_grouped_allreduce_data(st, process_set, zeros, op, request.scale, blocking))
     else:
         zeros_one = np.zeros(request.shape, request.dtype)
-        _run(_allreduce_data(st, comm, zeros_one, op, request.scale, blocking))
+        _run(_allreduce_data(st, process_set, zeros_one, op, request.scale, blocking))
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,

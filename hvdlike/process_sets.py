@@ -21,17 +21,21 @@ class ProcessSet:
         self._comm: Any = None  # the set's MPI communicator on members, None elsewhere
         self._rank = -1
         self._control = Control()  # buffers for the consistency check on this set
+        self._shm: Any = None  # on-node shared-memory all-reduce (members on one node only)
 
     def _bind(self, process_set_id: int, ranks: List[int], comm: Any) -> None:
         self.process_set_id, self.ranks, self._comm = process_set_id, ranks, comm
         self._rank = comm.Get_rank() if comm is not None else -1
+        self._shm = runtime.shared_memory_reducer(ranks, comm) if comm is not None else None
         _registry[process_set_id] = self
 
     def _unbind(self) -> None:
         _registry.pop(self.process_set_id, None)
+        if self._shm is not None:
+            self._shm.free()
         if self._comm is not None and self.process_set_id != 0:
             self._comm.Free()
-        self.process_set_id, self._comm, self._rank = None, None, -1
+        self.process_set_id, self._comm, self._rank, self._shm = None, None, -1, None
 
     def size(self) -> int:
         """Number of ranks in the set."""

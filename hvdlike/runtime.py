@@ -9,7 +9,7 @@ import importlib.util
 import sys
 import time
 from types import ModuleType
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from . import process_sets as _ps
 from .errors import NotInitializedError
@@ -34,6 +34,7 @@ class _State:
     cross_rank: int
     cross_size: int
     homogeneous: bool
+    node_of_rank: List[int]  # per world rank: the world rank of its node's local rank 0
     previous_excepthook: Optional[Any] = None
 
 
@@ -70,11 +71,13 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     local_rank, local_size = local_comm.Get_rank(), local_comm.Get_size()
     cross_comm = world.Split(color=local_rank, key=rank)
     local_sizes = world.allgather(local_size)
+    node_of_rank = world.allgather(local_comm.bcast(rank, root=0))
     _state = _State(
         settings=settings, mpi=MPI, transport=transport, world=world, rank=rank, size=size,
         local_comm=local_comm, local_rank=local_rank, local_size=local_size,
         cross_comm=cross_comm, cross_rank=cross_comm.Get_rank(),
         cross_size=cross_comm.Get_size(), homogeneous=len(set(local_sizes)) == 1,
+        node_of_rank=node_of_rank,
     )
     _ps.global_process_set._bind(0, list(range(size)), world)
     abort = settings.abort_on_exception if abort_on_exception is None else abort_on_exception
@@ -93,6 +96,17 @@ def _split_local(MPI: ModuleType, world: Any, node_names: Optional[Sequence[str]
             f"{world.Get_size()} ranks: give exactly one name per rank, e.g. 'a,a,b,b'")
     color = sorted(set(node_names)).index(node_names[world.Get_rank()])
     return world.Split(color=color, key=world.Get_rank())
+
+
+def shared_memory_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
+    """The shared-memory all-reduce for a set of world ``ranks`` (with communicator ``comm``
+    on this member), or None when they span nodes, are one rank, or HVDLIKE_SHM_BUFFER=0."""
+    st = state()
+    on_one_node = len({st.node_of_rank[r] for r in ranks}) == 1
+    if len(ranks) < 2 or not on_one_node or st.settings.shm_buffer == 0:
+        return None
+    from .transport.shm import SharedMemoryAllreduce
+    return SharedMemoryAllreduce(comm, st.settings.shm_buffer)
 
 
 def _install_abort_hook(st: _State) -> None:

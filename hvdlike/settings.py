@@ -3,6 +3,8 @@
 | variable | default | meaning |
 |---|---|---|
 | HVDLIKE_FUSION_THRESHOLD | 67108864 | bytes per fusion buffer in grouped collectives (0 disables fusion) |
+| HVDLIKE_SHM_THRESHOLD | 262144 | blocking all-reduces of at least this many bytes, within one node, use the shared-memory transport |
+| HVDLIKE_SHM_BUFFER | 67108864 | bytes one round of that transport reduces (each rank maps about that much shared memory plus 1/size of it); larger all-reduces take several rounds; 0 disables the transport |
 | HVDLIKE_CONSISTENCY_CHECK | 1 | check that all ranks call each collective with the same metadata |
 | HVDLIKE_ABORT_ON_EXCEPTION | 1 | an uncaught exception on any rank aborts the whole job |
 | HVDLIKE_NODE_NAMES | (unset) | comma-separated node name per world rank, overriding MPI's topology |
@@ -15,6 +17,8 @@ from typing import Mapping, Optional, Tuple
 @dataclasses.dataclass(frozen=True)
 class Settings:
     fusion_threshold: int = 64 * 1024 * 1024
+    shm_threshold: int = 256 * 1024
+    shm_buffer: int = 64 * 1024 * 1024
     consistency_check: bool = True
     abort_on_exception: bool = True
     node_names: Optional[Tuple[str, ...]] = None
@@ -25,6 +29,8 @@ class Settings:
         names = env.get("HVDLIKE_NODE_NAMES")
         return cls(
             fusion_threshold=_int(env, "HVDLIKE_FUSION_THRESHOLD", cls.fusion_threshold),
+            shm_threshold=_int(env, "HVDLIKE_SHM_THRESHOLD", cls.shm_threshold),
+            shm_buffer=_int(env, "HVDLIKE_SHM_BUFFER", cls.shm_buffer),
             consistency_check=_bool(env, "HVDLIKE_CONSISTENCY_CHECK", cls.consistency_check),
             abort_on_exception=_bool(env, "HVDLIKE_ABORT_ON_EXCEPTION", cls.abort_on_exception),
             node_names=tuple(n.strip() for n in names.split(",")) if names else None,

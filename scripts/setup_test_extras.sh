@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# What the launcher tests need beyond .venv: an MPICH environment (.venv-mpich) and, as root
+# What the tests need beyond .venv: an MPICH environment (.venv-mpich: the launcher tests, and
+# hvdlike's collectives run under MPICH with this checkout on PYTHONPATH) and, as root
 # with apt, Debian's Slurm (the tests start their own one-node cluster from it). A step that
 # cannot be done here is reported; the tests that need it then skip and say why.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .venv-mpich/bin/mpiexec ]; then
-  { python3 -m venv .venv-mpich && .venv-mpich/bin/pip install -q mpich mpi4py \
+if ! .venv-mpich/bin/python -c "import ml_dtypes" 2>/dev/null; then
+  { python3 -m venv .venv-mpich && .venv-mpich/bin/pip install -q mpich mpi4py numpy ml_dtypes \
       >.venv-mpich/install.log 2>&1; } \
     || echo "setup_test_extras: MPICH install failed (see .venv-mpich/install.log)" >&2
 fi

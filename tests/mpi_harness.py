@@ -63,14 +63,32 @@ def launch(np: int, argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT,
     return Job(proc.returncode, out, time.monotonic() - start, timed_out)
 
 
+def mpich_prefix() -> str:
+    """The MPICH virtual environment (HVDLIKE_TEST_MPICH_PREFIX, made by
+    scripts/setup_test_extras.sh); skips the calling test, saying why, when there is none."""
+    import pytest
+    prefix = os.environ.get("HVDLIKE_TEST_MPICH_PREFIX")
+    if not prefix or not Path(prefix, "bin", "mpiexec").exists():
+        pytest.skip("set HVDLIKE_TEST_MPICH_PREFIX to a venv with `pip install mpich mpi4py "
+                    "numpy ml_dtypes` (scripts/setup_test_extras.sh makes .venv-mpich)")
+    return prefix
+
+
 def run_mpi(np: int, target: str, timeout: float = DEFAULT_TIMEOUT,
-            env: Optional[Mapping[str, str]] = None, **kwargs: Any) -> List[Any]:
+            env: Optional[Mapping[str, str]] = None, mpi_prefix: Optional[str] = None,
+            **kwargs: Any) -> List[Any]:
     """Run ``target`` ("module:function" in tests/mpi_cases) on ``np`` ranks; return each
-    rank's result. Fails the test with the job's output on error or timeout."""
+    rank's result. Fails the test with the job's output on error or timeout. ``mpi_prefix``:
+    run with another virtual environment's MPI and Python (e.g. ``mpich_prefix()``), with this
+    checkout's hvdlike."""
     with tempfile.TemporaryDirectory(prefix="hvdlike-test-") as tmp:
         args_file = Path(tmp) / "kwargs.pkl"
         args_file.write_bytes(pickle.dumps(kwargs))
-        job = launch(np, [sys.executable, str(WORKER), target, tmp], timeout, env)
+        argv = [sys.executable, str(WORKER), target, tmp]
+        if mpi_prefix is not None:
+            argv = ["--mpirun", f"{mpi_prefix}/bin/mpiexec", f"{mpi_prefix}/bin/python", *argv[1:]]
+            env = dict(env or {}, PYTHONPATH=str(REPO))
+        job = launch(np, argv, timeout, env)
         if job.timed_out:
             raise AssertionError(f"MPI job {target} (np={np}) timed out after {timeout:.0f} s:\n"
                                  f"{job.output[-6000:]}")

@@ -1,20 +1,32 @@
 """Every collective x dtype x op equals its NumPy reference on every rank: np=2, np=4
-(oversubscribed) and a process set of 2 out of 4 ranks."""
+(oversubscribed) and a process set of 2 out of 4 ranks, each over MPI and over the on-node
+shared-memory transport (threshold 0 so every blocking all-reduce takes it; a 64-byte buffer
+so that most take several rounds); and the same under MPICH (HVDLIKE_TEST_MPICH_PREFIX)."""
 import numpy as np
 import pytest
 
 import reference
 from collective_cases import Case, cases, inputs, splits_for
-from mpi_harness import run_mpi
+from mpi_harness import mpich_prefix, run_mpi
 
-CONFIGS = {"np2": (2, None), "np4": (4, None), "np4-set12": (4, [1, 2])}
+MPI_ONLY = {"HVDLIKE_SHM_BUFFER": "0"}
+SHM = {"HVDLIKE_SHM_THRESHOLD": "0"}
+SHM_ROUNDS = {"HVDLIKE_SHM_THRESHOLD": "0", "HVDLIKE_SHM_BUFFER": "64"}
+CONFIGS = {
+    "np2": (2, None, MPI_ONLY), "np4": (4, None, MPI_ONLY), "np4-set12": (4, [1, 2], MPI_ONLY),
+    "np2-shm": (2, None, SHM), "np4-shm-rounds": (4, None, SHM_ROUNDS),
+    "np4-set12-shm-rounds": (4, [1, 2], SHM_ROUNDS),
+    "mpich-np2": (2, None, MPI_ONLY), "mpich-np4-shm-rounds": (4, None, SHM_ROUNDS),
+}
 CASES = cases()
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def job(request):
-    np_, ranks = CONFIGS[request.param]
-    results = run_mpi(np_, "collective_cases:run", timeout=240, ranks=ranks)
+    np_, ranks, env = CONFIGS[request.param]
+    prefix = mpich_prefix() if request.param.startswith("mpich") else None
+    results = run_mpi(np_, "collective_cases:run", timeout=240, env=env, mpi_prefix=prefix,
+                      ranks=ranks)
     members = ranks or list(range(np_))
     for r in range(np_):
         assert (results[r] is None) == (r not in members), f"rank {r} membership"

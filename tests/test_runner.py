@@ -2,7 +2,7 @@
 
 Every launch goes through ``run_launcher`` (``python -m hvdlike.runner``, 60 s timeout).
 Optional parts skip with the reason: a real MPICH run needs HVDLIKE_TEST_MPICH_PREFIX (a
-prefix/venv with ``pip install mpich mpi4py``); Slurm needs root and slurm-wlm (see
+prefix/venv with ``pip install mpich mpi4py numpy ml_dtypes``); Slurm needs root and slurm-wlm (see
 scripts/start_test_slurm.sh).
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pytest
 from hvdlike.runner import Flavor, LaunchError, build_command, find_mpirun, parse_flavor
 from hvdlike.runner.launch import forwarded_env_names, local_cores
 from hvdlike.runner.mpi_flavor import version_text
+from mpi_harness import mpich_prefix
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 60
@@ -294,10 +295,7 @@ def test_the_runner_itself_imports_no_mpi_numpy_or_tensorflow():
 # --- real MPICH (optional) --------------------------------------------------------------------
 
 def test_real_mpich_job_through_hydra_flags(tmp_path):
-    prefix = os.environ.get("HVDLIKE_TEST_MPICH_PREFIX")
-    if not prefix:
-        pytest.skip("set HVDLIKE_TEST_MPICH_PREFIX to a venv made with "
-                    "`python -m venv V && V/bin/pip install mpich mpi4py` to run MPICH for real")
+    prefix = mpich_prefix()
     mpiexec, python = f"{prefix}/bin/mpiexec", f"{prefix}/bin/python"
     assert parse_flavor(version_text(mpiexec)) is Flavor.MPICH
     hostfile = tmp_path / "hosts"

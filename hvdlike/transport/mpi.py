@@ -5,10 +5,15 @@ completed on return (None is returned); when False the MPI request to wait on is
 Reductions take typed buffers; data movement works on uint8 views so any dtype travels as bytes.
 Importing this module initializes MPI, so only ``runtime.init`` imports it.
 """
+import os
 from typing import Optional
 
 import numpy as np
-from mpi4py import MPI
+
+# Open MPI's UCX one-sided component prints a harmless error when the shared-memory transport
+# allocates its window; MPI_Init reads this (unless the user set it, or initialized MPI first).
+os.environ.setdefault("OMPI_MCA_osc", "^ucx")
+from mpi4py import MPI  # noqa: E402
 
 from ..reduce_ops import ReduceOp
 

@@ -1,0 +1,88 @@
+"""The on-node shared-memory all-reduce seen from each rank: window growth, rounds, topology,
+fallback to MPI, and teardown."""
+import hashlib
+from typing import Any, Dict, List
+
+import numpy as np
+
+import hvdlike as hvd
+from hvdlike.transport import shm
+
+OPS = ["Sum", "Average", "Min", "Max", "Product"]
+
+
+def inputs(nbytes: int, dtype: str, rank: int) -> np.ndarray:
+    """Small integer values (exact in any order of float additions), distinct per rank."""
+    n = nbytes // np.dtype(dtype).itemsize
+    base = np.arange(n, dtype=np.int64) % 5 - 2
+    if dtype == "bool":
+        return (base + rank) % 3 == 0
+    return (base + rank).astype(dtype)
+
+
+def sizes_and_ops(sizes: List[int], dtypes: List[str]) -> Dict[str, Any]:
+    """Every size x dtype x op, blocking and grouped, plus the window's capacity after."""
+    out: Dict[str, Any] = {}
+    for nbytes in sizes:
+        for dtype in dtypes:
+            x = inputs(nbytes, dtype, hvd.rank())
+            for op in (["Sum", "Min"] if dtype == "bool" else OPS):
+                out[f"{nbytes}-{dtype}-{op}"] = hvd.allreduce(x, op=getattr(hvd, op))
+            grouped = hvd.grouped_allreduce([x, x[: x.size // 3]], op=hvd.Max)
+            out[f"{nbytes}-{dtype}-grouped"] = grouped
+    reducer = hvd.global_process_set._shm
+    out["capacity"] = None if reducer is None else reducer._capacity
+    return out
+
+
+def identical_bits(nbytes: int) -> Dict[str, Any]:
+    """Random float32 data: the result's bytes, hashed, must be the same on every rank."""
+    x = np.random.default_rng(hvd.rank()).standard_normal(nbytes // 4, dtype=np.float32)
+    got = hvd.allreduce(x, op=hvd.Sum)
+    return dict(digest=hashlib.sha256(got.tobytes()).hexdigest(),
+                close=bool(np.allclose(got, _sum_of_all_ranks(nbytes), rtol=1e-5, atol=1e-5)))
+
+
+def _sum_of_all_ranks(nbytes: int) -> np.ndarray:
+    xs = [np.random.default_rng(r).standard_normal(nbytes // 4, dtype=np.float32)
+          for r in range(hvd.size())]
+    return np.sum(np.stack(xs).astype(np.float64), axis=0)
+
+
+def who_uses_shared_memory() -> Dict[str, Any]:
+    """Which process sets got a shared-memory reducer, and that each still reduces right."""
+    sets = {"global": hvd.global_process_set, "01": hvd.add_process_set([0, 1]),
+            "12": hvd.add_process_set([1, 2]), "3": hvd.add_process_set([3])}
+    out: Dict[str, Any] = {}
+    for name, ps in sets.items():
+        if ps.included():
+            x = np.full(1 << 18, hvd.rank() + 1, np.float32)  # 1 MiB: above the threshold
+            out[name] = dict(shm=ps._shm is not None,
+                             sum=float(hvd.allreduce(x, op=hvd.Sum, process_set=ps)[0]))
+    return out
+
+
+def dev_shm_full_on_last_rank() -> Dict[str, Any]:
+    """The last rank sees no room in /dev/shm: every rank must fall back to MPI together."""
+    if hvd.rank() == hvd.size() - 1:
+        class Full:
+            f_bavail, f_frsize = 0, 4096
+        shm.os.statvfs = lambda path: Full()  # type: ignore[assignment]
+    x = np.full(1 << 18, hvd.rank() + 1, np.float32)
+    first = hvd.allreduce(x, op=hvd.Sum)
+    again = hvd.allreduce(x, op=hvd.Sum)
+    reducer = hvd.global_process_set._shm
+    return dict(first=float(first[0]), again=float(again[-1]), capacity=reducer._capacity,
+                no_room=reducer._no_room)
+
+
+def windows_survive_shutdown_and_init() -> Dict[str, Any]:
+    x = np.ones(1 << 20, np.float32)
+    first = float(hvd.allreduce(x, op=hvd.Sum)[0])
+    hvd.shutdown()
+    hvd.init()
+    second = float(hvd.allreduce(x, op=hvd.Sum)[0])
+    pairs = hvd.add_process_set([0, 1])
+    third = float(hvd.allreduce(x, op=hvd.Sum, process_set=pairs)[0]) if pairs.included() else None
+    hvd.remove_process_set(pairs)
+    return dict(first=first, second=second, third=third)

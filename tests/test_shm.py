@@ -1,0 +1,73 @@
+"""The on-node shared-memory all-reduce (hvdlike/transport/shm.py) in real MPI jobs: results
+equal NumPy on every rank while the window grows and large inputs go in rounds, every rank
+gets the same bits, only sets within one node use it, and a full /dev/shm falls back to MPI.
+(The full collective matrix also runs over it: see the *-shm configs in test_collectives.)"""
+import numpy as np
+import pytest
+
+import reference
+from mpi_harness import run_mpi
+from shm_cases import inputs
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_window_grows_and_large_inputs_take_rounds_matching_numpy(np_):
+    sizes = [4096, 6 * MIB, 40 * MIB + 8]  # below threshold, grows the window, 3+ rounds
+    dtypes = ["float32", "int64", "bool"]
+    env = {"HVDLIKE_SHM_THRESHOLD": "65536", "HVDLIKE_SHM_BUFFER": str(16 * MIB)}
+    results = run_mpi(np_, "shm_cases:sizes_and_ops", timeout=240, env=env, sizes=sizes,
+                      dtypes=dtypes)
+    for nbytes in sizes:
+        for dtype in dtypes:
+            xs = [inputs(nbytes, dtype, r) for r in range(np_)]
+            for op in (["Sum", "Min"] if dtype == "bool" else
+                       ["Sum", "Average", "Min", "Max", "Product"]):
+                want = reference.reduce(xs, op)
+                for rank, got in enumerate(results):
+                    np.testing.assert_array_equal(got[f"{nbytes}-{dtype}-{op}"], want,
+                                                  err_msg=f"{nbytes} {dtype} {op} rank {rank}")
+            grouped_want = [reference.reduce(xs, "Max"),
+                            reference.reduce([x[: x.size // 3] for x in xs], "Max")]
+            for rank, got in enumerate(results):
+                for g, w in zip(got[f"{nbytes}-{dtype}-grouped"], grouped_want):
+                    np.testing.assert_array_equal(g, w, err_msg=f"grouped {nbytes} {dtype}")
+    assert [r["capacity"] for r in results] == [16 * MIB] * np_  # grew to the cap, no further
+
+
+def test_every_rank_gets_bitwise_the_same_float_sum():
+    results = run_mpi(4, "shm_cases:identical_bits", timeout=120, nbytes=3 * MIB + 4)
+    assert all(r["close"] for r in results)
+    assert len({r["digest"] for r in results}) == 1
+
+
+def test_only_process_sets_within_one_node_use_shared_memory():
+    env = {"HVDLIKE_NODE_NAMES": "a,a,b,b"}
+    results = run_mpi(4, "shm_cases:who_uses_shared_memory", timeout=120, env=env)
+    for rank, r in enumerate(results):
+        assert r["global"] == dict(shm=False, sum=10.0)
+        if rank in (0, 1):
+            assert r["01"] == dict(shm=True, sum=3.0)
+        if rank in (1, 2):
+            assert r["12"] == dict(shm=False, sum=5.0)  # spans nodes a and b
+        if rank == 3:
+            assert r["3"] == dict(shm=False, sum=4.0)  # one rank: nothing to share
+
+
+def test_shared_memory_can_be_turned_off():
+    results = run_mpi(4, "shm_cases:who_uses_shared_memory", timeout=120,
+                      env={"HVDLIKE_SHM_BUFFER": "0"})
+    for r in results:
+        assert r["global"] == dict(shm=False, sum=10.0)
+
+
+def test_full_dev_shm_on_one_rank_makes_every_rank_fall_back_to_mpi():
+    for r in run_mpi(2, "shm_cases:dev_shm_full_on_last_rank", timeout=60):
+        assert r == dict(first=3.0, again=3.0, capacity=0, no_room=True)
+
+
+def test_windows_are_freed_and_made_again_across_shutdown_and_init():
+    results = run_mpi(4, "shm_cases:windows_survive_shutdown_and_init", timeout=120)
+    for rank, r in enumerate(results):
+        assert r == dict(first=4.0, second=4.0, third=2.0 if rank < 2 else None)
