@@ -21,6 +21,7 @@ from .reduce_ops import ReduceOp, as_reduce_op
 from .tf_dispatch import accepts_tf_values
 
 Submitted = Tuple[List[Any], Callable[[], Any]]
+InPlacePass = Callable[[np.ndarray], None]
 _pool = fusion.BufferPool()
 _results = ResultCache()
 
@@ -103,9 +104,16 @@ def _scale_in_place(buf: np.ndarray, op: ReduceOp, postscale: float, n: int) -> 
             buf[...] = buf * scale  # float64 product, truncated toward zero on assignment
 
 
-def _finish_reduced(buf: np.ndarray, dtype: np.dtype, op: ReduceOp, postscale: float,
-                    n: int) -> np.ndarray:
-    _scale_in_place(buf, op, postscale, n)
+def _scaler(op: ReduceOp, postscale: float, n: int) -> Optional[InPlacePass]:
+    """The in-place pass that Average and ``postscale`` need after the reduction, or None."""
+    if op != ReduceOp.AVERAGE and postscale == 1.0:
+        return None
+    return functools.partial(_scale_in_place, op=op, postscale=postscale, n=n)
+
+
+def _finish_reduced(buf: np.ndarray, dtype: np.dtype, scale: Optional[InPlacePass]) -> np.ndarray:
+    if scale is not None:
+        scale(buf)
     if dtype.kind == "b":
         return buf.view(np.bool_)
     if buf.dtype == dtype:
@@ -145,24 +153,27 @@ def _submit_allreduce(x: Any, op: Any, prescale_factor: float, postscale_factor:
 
 
 def _reduce(st: runtime._State, process_set: ProcessSet, send: Optional[np.ndarray],
-            recv: np.ndarray, op: ReduceOp, blocking: bool) -> Any:
+            recv: np.ndarray, op: ReduceOp, blocking: bool,
+            scale: Optional[InPlacePass]) -> Tuple[List[Any], Optional[InPlacePass]]:
     """All-reduce on the fastest transport: shared memory for a blocking reduction of at least
-    HVDLIKE_SHM_THRESHOLD bytes among ranks of one node, MPI otherwise. Returns the MPI request
-    in flight, or None once done. Every rank takes the same branch: they reduce the same bytes."""
+    HVDLIKE_SHM_THRESHOLD bytes among ranks of one node, MPI otherwise. Every rank takes the
+    same branch: they reduce the same bytes. Returns (the MPI requests in flight, the in-place
+    pass still to run on the result): shared memory applies ``scale`` to each piece of the
+    result while it is still in cache, so nothing is left to run."""
     shm = process_set._shm
     if (blocking and shm is not None and recv.nbytes >= st.settings.shm_threshold
             and shm.reserve(recv.nbytes)):
-        shm.allreduce(send, recv, op)
-        return None
-    return st.transport.allreduce(process_set._comm, send, recv, op, blocking)
+        shm.allreduce(send, recv, op, scale)
+        return [], None
+    return _pending(st.transport.allreduce(process_set._comm, send, recv, op, blocking)), scale
 
 
 def _allreduce_data(st: runtime._State, process_set: ProcessSet, a: np.ndarray, op: ReduceOp,
                     scale: Tuple[float, float], blocking: bool) -> Submitted:
     send, recv = _work_input(a, scale[0])
-    pending = _reduce(st, process_set, send, recv, _mpi_op(a.dtype, op), blocking)
-    n = process_set.size()
-    return _pending(pending), lambda: _finish_reduced(recv, a.dtype, op, scale[1], n)
+    requests, rest = _reduce(st, process_set, send, recv, _mpi_op(a.dtype, op), blocking,
+                             _scaler(op, scale[1], process_set.size()))
+    return requests, lambda: _finish_reduced(recv, a.dtype, rest)
 
 
 @accepts_tf_values
@@ -225,10 +236,13 @@ def _grouped_allreduce_data(st: runtime._State, process_set: ProcessSet, arrays:
         buf = base[:size]
         fusion.pack(members, buf, scale[0])
         dtype = members[0].dtype
-        requests += _pending(_reduce(st, process_set, None, buf, _mpi_op(dtype, op), blocking))
+        reqs, rest = _reduce(st, process_set, None, buf, _mpi_op(dtype, op), blocking,
+                             _scaler(op, scale[1], n))
+        requests += reqs
 
-        def finish_bucket(bucket=bucket, members=members, base=base, buf=buf) -> None:
-            _scale_in_place(buf, op, scale[1], n)
+        def finish_bucket(bucket=bucket, members=members, base=base, buf=buf, rest=rest) -> None:
+            if rest is not None:
+                rest(buf)
             out_dtypes = [np.dtype(np.uint8) if a.dtype.kind == "b" else a.dtype for a in members]
             unpacked = fusion.unpack(buf, [a.shape for a in members], out_dtypes, _results.empty)
             for i, a, r in zip(bucket, members, unpacked):

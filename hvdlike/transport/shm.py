@@ -79,10 +79,12 @@ class SharedMemoryAllreduce:
         self._allocate(capacity, result_bytes)
         return True
 
-    def allreduce(self, send: Optional[np.ndarray], recv: np.ndarray, op: ReduceOp) -> None:
+    def allreduce(self, send: Optional[np.ndarray], recv: np.ndarray, op: ReduceOp,
+                  finish: Optional[Callable[[np.ndarray], None]] = None) -> None:
         """Reduce ``send`` (or ``recv`` in place when send is None) into ``recv`` on every
         rank. Both are C-contiguous with the same dtype and size; ``reserve(recv.nbytes)``
-        returned True."""
+        returned True. ``finish``, an element-wise in-place pass (Average's scaling), is
+        applied to each reduced piece while it is still in cache."""
         out = recv.reshape(-1)
         if out.size == 0:
             return
@@ -91,7 +93,7 @@ class SharedMemoryAllreduce:
         step = max(1, min(self._capacity, out.nbytes) // out.itemsize)
         for start in range(0, out.size, step):
             stop = min(start + step, out.size)
-            self._round(data[start:stop], out[start:stop], ufunc)
+            self._round(data[start:stop], out[start:stop], ufunc, finish)
 
     def free(self) -> None:
         """Release the window (collective); ``reserve`` allocates it again when needed."""
@@ -113,7 +115,8 @@ class SharedMemoryAllreduce:
         self._comm.Barrier()
         self._win.Sync()
 
-    def _round(self, data: np.ndarray, out: np.ndarray, ufunc: Callable[..., Any]) -> None:
+    def _round(self, data: np.ndarray, out: np.ndarray, ufunc: Callable[..., Any],
+               finish: Optional[Callable[[np.ndarray], None]]) -> None:
         n, dtype, me = data.size, data.dtype, self._rank
         slot = self._slots[me][:data.nbytes].view(dtype)
         for j in range(self._size):
@@ -132,6 +135,8 @@ class SharedMemoryAllreduce:
             ufunc(sources[0][lo:hi], sources[1][lo:hi], out=dst)
             for src in sources[2:]:
                 ufunc(dst, src[lo:hi], out=dst)
+            if finish is not None:
+                finish(dst)
             out[lo:hi] = dst
         self._sync()
         for j in range(self._size):
