@@ -1,7 +1,7 @@
 """Training-step benchmark: DistributedOptimizer vs the plain optimizer, np=1 and np=2.
 
     python scripts/bench_train.py                    # runs np=1 and np=2 via mpirun
-    python scripts/bench_train.py --nps 1,2,4 --out bench_out
+    python scripts/bench_train.py --nps 1,2,4 --out results/bench_train_np4
 
 For each world size a small MNIST-shaped CNN trains with Keras ``model.fit`` on
 synthetic data (per-rank batch ``--batch-size``, one TF thread per rank), once with
@@ -10,7 +10,8 @@ the plain optimizer and once with ``hvdlike.keras.DistributedOptimizer``, altern
 repeats is used, the median is also stored in the JSON.
 Reports: overhead ratio (distributed / plain step time, same run), img/s per rank and
 in total, and scaling efficiency = total img/s at np=N / (N * img/s at np=1).
-Writes a table to stdout, ``bench_train.json`` and ``bench_train.png`` in ``--out``.
+Writes a table to stdout, ``bench_train.json`` and ``bench_train.png`` in ``--out``
+(default ``results/bench_train``).
 """
 import argparse
 import json
@@ -156,7 +157,7 @@ def main():
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="bench_out")
+    p.add_argument("--out", default=str(REPO / "results" / "bench_train"))
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
