@@ -67,6 +67,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     MPI = transport.MPI
     world = (MPI.COMM_WORLD if comm is None else comm).Dup()
     rank, size = world.Get_rank(), world.Get_size()
+    _check_same_settings(world, settings)
     local_comm = _split_local(MPI, world, settings.node_names)
     local_rank, local_size = local_comm.Get_rank(), local_comm.Get_size()
     cross_comm = world.Split(color=local_rank, key=rank)
@@ -85,6 +86,24 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
         _install_abort_hook(_state)
     for process_set in process_sets or ():
         _ps.add_process_set(process_set)
+
+
+def _check_same_settings(world: Any, settings: Settings) -> None:
+    """Ranks that read different HVDLIKE_* values would pick different fusion buckets or
+    transports for the same call and hang: fail on every rank instead, naming the values."""
+    everyone = world.allgather(settings)
+    if all(s == settings for s in everyone):
+        return
+    world.Free()
+    differing = []
+    for field in dataclasses.fields(Settings):
+        values = [getattr(s, field.name) for s in everyone]
+        if len(set(values)) > 1:
+            by_rank = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
+            differing.append(f"{field.name} ({by_rank})")
+    raise ValueError("hvdlike.init: ranks read different HVDLIKE_* settings: "
+                     + "; ".join(differing) + ". Set them the same on every rank (mpirun "
+                     "and hvdlikerun forward the environment of the launching shell).")
 
 
 def _split_local(MPI: ModuleType, world: Any, node_names: Optional[Sequence[str]]) -> Any:

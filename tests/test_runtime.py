@@ -57,6 +57,15 @@ def test_shutdown_then_init_again_works_and_releases_process_sets():
                          again=[2.0, 2.0])
 
 
+def test_different_settings_on_different_ranks_fail_init_on_every_rank():
+    for r in run_mpi(2, "runtime_cases:settings_differ_between_ranks", timeout=60):
+        assert r["error"] == (
+            "hvdlike.init: ranks read different HVDLIKE_* settings: fusion_threshold "
+            "(rank 0: 2048, rank 1: 1024). Set them the same on every rank (mpirun and "
+            "hvdlikerun forward the environment of the launching shell).")
+        assert r["sum"] == [2.0]  # and a later init with equal settings works
+
+
 def test_process_sets_run_collectives_on_their_members_only():
     results = run_mpi(4, "runtime_cases:process_sets", timeout=60)
     for rank, r in enumerate(results):

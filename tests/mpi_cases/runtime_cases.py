@@ -122,3 +122,20 @@ def non_contiguous_inputs() -> Dict[str, Any]:
         grouped=[g.tolist() for g in hvd.grouped_allreduce([transposed, strided], op=hvd.Max)],
         from_list=hvd.allreduce([1, 2, 3], op=hvd.Sum).tolist(),
         from_memoryview=hvd.allreduce(memoryview(np.ones(3, np.float32)), op=hvd.Sum).tolist())
+
+
+def settings_differ_between_ranks() -> Dict[str, Any]:
+    """Rank 1 re-initializes with another fusion threshold: init fails on every rank."""
+    import os
+    rank = hvd.rank()
+    hvd.shutdown()
+    os.environ["HVDLIKE_FUSION_THRESHOLD"] = "1024" if rank == 1 else "2048"
+    try:
+        hvd.init()
+    except ValueError as exc:
+        error = str(exc)
+    else:
+        error = None
+    del os.environ["HVDLIKE_FUSION_THRESHOLD"]
+    hvd.init()
+    return dict(error=error, sum=hvd.allreduce(np.ones(1), op=hvd.Sum).tolist())
