@@ -83,7 +83,8 @@ def _run(what, np_fn, inputs, out_dtypes, out_shapes):
     dependencies keep collectives in program order, identical on every rank).
     """
     if tf.executing_eagerly():
-        outs = np_fn(*[t.numpy() for t in inputs])
+        # np.asarray shares a CPU tensor's memory (t.numpy() would copy it); the core only reads it
+        outs = np_fn(*[np.asarray(t) for t in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
     _check_not_xla(what)
 
