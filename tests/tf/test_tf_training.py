@@ -1,7 +1,8 @@
 """DistributedOptimizer, DistributedGradientTape, Keras callbacks and saving.
 
 Each rank also trains the single-process reference (global batch) and compares:
-equivalence to rtol 1e-5 in float32 for SGD and Adam, with fit and a custom loop.
+equivalence to rtol 1e-5 in float32 for SGD and Adam, with fit and a custom loop; at np=2
+also with every gradient reduced through the on-node shared-memory transport.
 """
 import pytest
 
@@ -26,12 +27,14 @@ CHECKS = [
     "shard_dataset_data_and_file_policies",
 ]
 
-WORLDS = {"np1_without_mpirun": (1, False), "np2": (2, True), "np4": (4, True)}
+# np2_shm: every gradient all-reduce takes the shared-memory transport (threshold 0)
+WORLDS = {"np1_without_mpirun": (1, False, {}), "np2": (2, True, {}), "np4": (4, True, {}),
+          "np2_shm": (2, True, {"HVDLIKE_SHM_THRESHOLD": "0"})}
 
 
 def _job(world):
-    nranks, mpi = WORLDS[world]
-    return run_script_once(nranks, "train_checks.py", timeout=300, mpi=mpi)
+    nranks, mpi, env = WORLDS[world]
+    return run_script_once(nranks, "train_checks.py", timeout=300, env=env, mpi=mpi)
 
 
 @pytest.mark.parametrize("world", list(WORLDS))
