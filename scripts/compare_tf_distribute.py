@@ -267,8 +267,10 @@ def worker_allreduce(args):
 # =========================================================================== driver
 
 def launch(args, worker, nranks, env_extra, result, timeout):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0",
-               CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1", **env_extra)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+               PYTHONUNBUFFERED="1", **env_extra)
+    if args.no_onednn:
+        env["TF_ENABLE_ONEDNN_OPTS"] = "0"
     base = [sys.executable, str(Path(__file__).resolve()), "--worker", worker, "--result", result,
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--lr", str(args.lr),
             "--per-replica-batch", str(args.per_replica_batch), "--sizes", args.sizes,
@@ -330,6 +332,8 @@ def main():
     p.add_argument("--batches", type=int, default=5, help="timed batches per all-reduce size")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--no-allreduce", action="store_true")
+    p.add_argument("--no-onednn", action="store_true",
+                   help="TF_ENABLE_ONEDNN_OPTS=0 in every job (TensorFlow's default is on)")
     p.add_argument("--out", default=str(REPO / "results" / "compare_tf_distribute"))
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
