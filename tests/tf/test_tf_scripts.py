@@ -87,3 +87,19 @@ def test_bench_train_writes_table_json_and_png(tmp_path):
         assert r["overhead_ratio"] > 0 and r["distributed"]["img_per_s_total"] > 0
         assert r["scaling_efficiency"] > 0
     assert (tmp_path / "bench_train.png").stat().st_size > 1000
+
+
+def test_compare_tf_distribute_writes_table_json_and_png(tmp_path):
+    import json
+    out = tmp_path / "compare"
+    res = run_script(1, "scripts/compare_tf_distribute.py", "--steps", "2", "--warmup", "1",
+                     "--sizes", "1KiB,1MiB", "--batches", "1", "--out", str(out), timeout=400,
+                     mpi=False)
+    assert res.returncode == 0, res.output[-5000:]
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert [r["mode"] for r in data["training"]] == ["hvd", "strategy", "native", "single"]
+    for r in data["training"]:
+        assert r["img_per_s"] > 0 and r["max_weight_diff_between_ranks"] == 0.0
+    assert [r["bytes"] for r in data["allreduce"]["rows"]] == [1024, 1 << 20]
+    assert all(r["strategy_over_native"] > 0 for r in data["allreduce"]["rows"])
+    assert out.with_suffix(".png").stat().st_size > 1000

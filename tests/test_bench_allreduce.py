@@ -1,0 +1,22 @@
+"""scripts/bench_allreduce.py runs end to end at np=2 and np=4 (a few sizes, few batches) and
+writes its JSON and PNG. Speed itself is judged by running the benchmark, never in a test."""
+import json
+
+import pytest
+
+from mpi_harness import run_script
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_bench_allreduce_writes_ratios_json_and_png(tmp_path, np_):
+    out = tmp_path / "bench"
+    job = run_script(np_, "scripts/bench_allreduce.py", "--sizes", "1KiB,1MiB", "--batches", "2",
+                     "--warmup", "0", "--out", str(out), timeout=120)
+    assert job.returncode == 0 and not job.timed_out, job.output[-5000:]
+    assert "| size |" in job.output and "ratio" in job.output
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert [r["bytes"] for r in data["results"]] == [1024, 1 << 20]
+    for r in data["results"]:
+        assert r["ratio"]["sum"] > 0 and r["raw"]["time_s"] > 0 and r["hvdlike"]["sum"]["time_s"] > 0
+    assert data["targets"]["np"] == np_
+    assert out.with_suffix(".png").stat().st_size > 1000
