@@ -71,8 +71,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     local_comm = _split_local(MPI, world, settings.node_names)
     local_rank, local_size = local_comm.Get_rank(), local_comm.Get_size()
     cross_comm = world.Split(color=local_rank, key=rank)
-    local_sizes = world.allgather(local_size)
     node_of_rank = world.allgather(local_comm.bcast(rank, root=0))
+    local_sizes = [node_of_rank.count(node) for node in set(node_of_rank)]
     _state = _State(
         settings=settings, mpi=MPI, transport=transport, world=world, rank=rank, size=size,
         local_comm=local_comm, local_rank=local_rank, local_size=local_size,
