@@ -1,13 +1,9 @@
-"""Cross-rank consistency check run before every collective ("negotiation").
+"""Cross-rank consistency of requests: what one rank asks for, and the error every rank raises
+when the ranks asked for different things or one rank passed bad input.
 
-Each rank hashes its request (kind, name, dtype, shape, op, root, scale factors) and all ranks
-take one element-wise MAX over a 6-int64 control vector: [hash, -hash, error, joined, -joined,
-newly joined rank]. When every hash agrees, no rank reported bad input and no rank has joined,
-that single small allreduce is all it costs (hashes are cached per request). Otherwise all
-ranks exchange their full requests and raise the same clear error, or, when ranks have called
-``join()``, hand the agreed request to the joined ranks so they can contribute zeros.
+The engine's negotiation gathers every rank's ``Request`` for a name once (cached after) and
+calls ``resolve_or_error``; every rank gets the same verdict and so raises the same error.
 """
-import hashlib
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -17,9 +13,9 @@ from .reduce_ops import ReduceOp
 
 
 class Request(NamedTuple):
-    """What one rank asks for; every rank must ask for the same thing."""
+    """What one rank asks for; every rank must ask for the same thing under one name."""
 
-    kind: str  # "allreduce", "allgather", ... ("_async" appended for the non-blocking forms)
+    kind: str  # "allreduce", "allgather", ...
     name: Optional[str]
     dtype: Any  # np.dtype, or a tuple of them for grouped collectives
     shape: Any  # tuple, or a tuple of tuples for grouped collectives
@@ -30,66 +26,26 @@ class Request(NamedTuple):
 
 LocalError = Tuple[str, str]  # ("TypeError" | "ValueError", message)
 
-_NEG = -(1 << 62)
 _ERROR_TYPES = {"TypeError": TypeError, "ValueError": ValueError}
 _SHAPE_AFTER_FIRST = ("allgather", "grouped_allgather", "alltoall")
 _JOIN_COMPATIBLE = ("allreduce", "grouped_allreduce")
-_rows: Dict[Request, np.ndarray] = {}
 
 
-def _ok_row(request: Request) -> np.ndarray:
-    """The control vector of a valid request: a 62-bit hash of it, stable across processes
-    (unlike ``hash()``), and its negation. Cached, so repeated calls only look it up."""
-    row = _rows.get(request)
-    if row is None:
-        digest = hashlib.blake2b(repr(request).encode(), digest_size=8).digest()
-        h = int.from_bytes(digest, "little") >> 2
-        if len(_rows) > 8192:
-            _rows.clear()
-        row = _rows[request] = np.array([h, -h, 0, 0, 0, -1], dtype=np.int64)
-    return row
-
-
-class Control:
-    """Preallocated receive vector for one communicator."""
-
-    def __init__(self) -> None:
-        self.recv = np.empty(6, dtype=np.int64)
-
-
-def negotiate(transport: Any, comm: Any, control: Control, request: Request,
-              error: Optional[LocalError]) -> None:
-    """Return when every rank of ``comm`` made the same valid request; else raise on every rank."""
-    send = _ok_row(request)
-    if error is not None:
-        send = send.copy()
-        send[2] = 1
-    transport.max_ints(comm, send, control.recv)
-    h_max, minus_h_min, any_error, any_joined = control.recv[:4].tolist()
-    if not any_error and not any_joined and h_max == -minus_h_min:
-        return
-    try:
-        resolve(comm.allgather((request, error)))
-    except (TypeError, ValueError) as exc:
-        raise raised_on_every_rank(exc, comm)
-
-
-def raised_on_every_rank(exc: Exception, comm: Any) -> Exception:
-    """Mark an error that every rank of ``comm`` raises, so that if it goes uncaught only the
-    first rank prints it before the job is aborted."""
-    exc.hvdlike_quiet = comm.Get_rank() != 0  # type: ignore[attr-defined]
+def raised_on_every_rank(exc: Exception, set_rank: int) -> Exception:
+    """Mark an error that every rank of a set raises, so that if it goes uncaught only the
+    set's first rank prints it before the job is aborted."""
+    exc.hvdlike_quiet = set_rank != 0  # type: ignore[attr-defined]
     return exc
 
 
-def join_round(transport: Any, comm: Any, control: Control, rank: int,
-               first: bool) -> Tuple[bool, int, Optional[Request]]:
-    """One round of a joined rank: (all joined?, last rank to join, request to serve)."""
-    send = np.array([_NEG, _NEG, 0, 1, -1, rank if first else -1], dtype=np.int64)
-    recv = control.recv
-    transport.max_ints(comm, send, recv)
-    if -recv[4] == 1:
-        return True, int(recv[5]), None
-    return False, -1, resolve(comm.allgather(None))
+def resolve_or_error(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]],
+                     any_joined: bool) -> Tuple[Request, Optional[Exception]]:
+    """``resolve`` that returns (agreed request, None) or (a request, the exception)."""
+    try:
+        return resolve(answers), None
+    except (TypeError, ValueError) as exc:
+        first = next(a for a in answers if a is not None)
+        return first[0], exc
 
 
 def resolve(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]]) -> Request:
@@ -109,11 +65,12 @@ def resolve(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]]) -
     differences = _differences([(r, q) for r, q, _ in active])
     if differences:
         raise CollectiveMismatchError(
-            f"{what}: ranks called it with different arguments. {differences}. Every rank must "
-            "call the same collectives in the same order with the same name, dtype, shape, op "
-            "and root (only the first dimension may differ in allgather and alltoall).")
+            f"{what}: ranks called it with different arguments. {differences}. Requests are "
+            "matched by name (unnamed ones in call order): every rank must submit each name "
+            "with the same collective, dtype, shape, op and root (only the first dimension may "
+            "differ in allgather and alltoall).")
     joined = [r for r, a in enumerate(answers) if a is None]
-    if joined and (request.kind.split("_async")[0] not in _JOIN_COMPATIBLE
+    if joined and (request.kind not in _JOIN_COMPATIBLE
                    or request.op not in (ReduceOp.SUM, ReduceOp.AVERAGE)):
         raise ValueError(
             f"{what}: ranks {joined} have already called hvdlike.join(); until every rank has "
@@ -140,7 +97,7 @@ def _differences(requests: List[Tuple[int, Request]]) -> str:
         values = [(r, getattr(q, field)) for r, q in requests]
         if len({repr(v) for _, v in values}) > 1:
             label = field
-            if field == "shape" and requests[0][1].kind.split("_async")[0] in _SHAPE_AFTER_FIRST:
+            if field == "shape" and requests[0][1].kind in _SHAPE_AFTER_FIRST:
                 label = "shape after the first dimension"
             if field == "op":
                 values = [(r, ReduceOp(v).name.title() if v is not None else None)

@@ -1,30 +1,41 @@
-"""Handles returned by the ``*_async`` collectives."""
-from typing import Any, Callable, List
+"""Handles returned by the ``*_async`` collectives (the blocking forms wait on one too)."""
+import threading
+from typing import Any, Optional
 
 
 class Handle:
-    """An operation in flight. ``poll()`` says whether it finished; ``synchronize()`` waits and
-    returns what the blocking form of the collective would have returned."""
+    """A request in the engine. ``poll()`` says whether it finished; ``synchronize()`` waits
+    and returns what the blocking form of the collective would have returned (or raises its
+    error, the same on every rank)."""
 
-    __slots__ = ("_mpi", "_requests", "_finish", "_result", "_done")
+    __slots__ = ("_engine", "_event", "_result", "_error", "_done")
 
-    def __init__(self, mpi: Any, requests: List[Any], finish: Callable[[], Any]) -> None:
-        self._mpi, self._requests, self._finish = mpi, requests, finish
-        self._done = False
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self._event = threading.Event()
         self._result: Any = None
+        self._error: Optional[BaseException] = None
+        self._done = False
+
+    def _complete(self, result: Any, error: Optional[BaseException]) -> None:
+        self._result, self._error, self._done = result, error, True
+        self._engine = None
+        self._event.set()
+
+    def _succeed(self, result: Any) -> None:
+        self._complete(result, None)
 
     def poll(self) -> bool:
-        """True once the data has arrived; never blocks."""
-        return self._done or bool(self._mpi.Request.Testall(self._requests))
+        """True once the result is there; never blocks."""
+        return self._done
 
     def synchronize(self) -> Any:
         """Wait for completion and return the result (the same object on repeated calls)."""
-        if not self._done:
-            if self._requests:
-                self._mpi.Request.Waitall(self._requests)
-            self._result = self._finish()
-            self._done = True
-            self._requests = []
+        engine = self._engine
+        if engine is not None and not self._done:
+            engine.wait(self)
+        if self._error is not None:
+            raise self._error
         return self._result
 
 

@@ -1,12 +1,13 @@
 """Process sets: collectives over a subset of the world's ranks.
 
 Registering or removing a set is collective over the whole world: every rank calls
-``add_process_set`` with the same ranks, members and non-members alike.
+``add_process_set`` with the same ranks, members and non-members alike. Both run in the
+engine, in its order of requests, like any other collective.
 """
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 from . import runtime
-from .checks import Control, raised_on_every_rank
+from .checks import Request, raised_on_every_rank
 from .errors import CollectiveMismatchError
 
 
@@ -20,7 +21,6 @@ class ProcessSet:
         self.process_set_id: Optional[int] = None
         self._comm: Any = None  # the set's MPI communicator on members, None elsewhere
         self._rank = -1
-        self._control = Control()  # buffers for the consistency check on this set
         self._shm: Any = None  # on-node shared-memory all-reduce (members on one node only)
 
     def _bind(self, process_set_id: int, ranks: List[int], comm: Any) -> None:
@@ -77,20 +77,25 @@ def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet
         for other in _registry.values():
             if other.ranks == ps.ranks:
                 error = f"a process set with ranks {ps.ranks} already exists: {other}"
-    answers = st.world.allgather((ps.ranks, error))
-    errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(answers) if e]
-    if errors:
-        raise raised_on_every_rank(
-            ValueError("hvdlike.add_process_set failed: " + "; ".join(errors)), st.world)
-    if any(ranks != ps.ranks for ranks, _ in answers):
-        listing = "; ".join(f"rank {r}: {ranks}" for r, (ranks, _) in enumerate(answers))
-        raise raised_on_every_rank(CollectiveMismatchError(
-            f"hvdlike.add_process_set: ranks passed different sets ({listing}); every rank must "
-            "call add_process_set with the same ranks, in the same order of calls"), st.world)
-    member = st.rank in ps.ranks
-    comm = st.world.Split(color=0 if member else st.mpi.UNDEFINED, key=st.rank)
-    ps._bind(max(_registry) + 1, ps.ranks, comm if member else None)
-    return ps
+
+    def register() -> ProcessSet:  # runs in the engine, in the same round on every rank
+        answers = st.world.allgather((ps.ranks, error))
+        errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(answers) if e]
+        if errors:
+            raise raised_on_every_rank(
+                ValueError("hvdlike.add_process_set failed: " + "; ".join(errors)), st.rank)
+        if any(ranks != ps.ranks for ranks, _ in answers):
+            listing = "; ".join(f"rank {r}: {ranks}" for r, (ranks, _) in enumerate(answers))
+            raise raised_on_every_rank(CollectiveMismatchError(
+                f"hvdlike.add_process_set: ranks passed different sets ({listing}); every rank "
+                "must call add_process_set with the same ranks, in the same order of calls"),
+                st.rank)
+        member = st.rank in ps.ranks
+        comm = st.world.Split(color=0 if member else st.mpi.UNDEFINED, key=st.rank)
+        ps._bind(max(_registry) + 1, ps.ranks, comm if member else None)
+        return ps
+
+    return _in_engine(st, register)
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
@@ -98,15 +103,25 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     st = runtime.state("hvdlike.remove_process_set()")
     if process_set.process_set_id == 0:
         raise ValueError("the global process set cannot be removed")
-    ids = st.world.allgather(process_set.process_set_id)
-    if len(set(ids)) != 1:
-        raise raised_on_every_rank(CollectiveMismatchError(
-            f"hvdlike.remove_process_set: ranks passed different sets (ids by rank: {ids})"),
-            st.world)
-    if process_set.process_set_id is None:
-        return False
-    process_set._unbind()
-    return True
+
+    def unregister() -> bool:  # runs in the engine, in the same round on every rank
+        ids = st.world.allgather(process_set.process_set_id)
+        if len(set(ids)) != 1:
+            raise raised_on_every_rank(CollectiveMismatchError(
+                f"hvdlike.remove_process_set: ranks passed different sets (ids by rank: {ids})"),
+                st.rank)
+        if process_set.process_set_id is None:
+            return False
+        st.engine.forget_set(process_set.process_set_id)
+        process_set._unbind()
+        return True
+
+    return _in_engine(st, unregister)
+
+
+def _in_engine(st: "runtime._State", change: Any) -> Any:
+    request = Request("process_set", None, None, None)
+    return st.engine.submit(request, None, change, global_process_set).synchronize()
 
 
 def _release_all() -> None:

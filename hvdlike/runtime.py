@@ -4,6 +4,7 @@ Topology comes from MPI (``MPI_Comm_split_type(SHARED)``): ranks sharing memory 
 ``HVDLIKE_NODE_NAMES=a,a,b,b`` (one name per world rank) overrides it so that tests can
 simulate several nodes on one machine.
 """
+import atexit
 import dataclasses
 import importlib.util
 import sys
@@ -35,10 +36,12 @@ class _State:
     cross_size: int
     homogeneous: bool
     node_of_rank: List[int]  # per world rank: the world rank of its node's local rank 0
+    engine: Any = None  # hvdlike.engine.Engine: all collective communication goes through it
     previous_excepthook: Optional[Any] = None
 
 
 _state: Optional[_State] = None
+_atexit_registered: List[bool] = []
 
 
 def state(what: str = "this call") -> _State:
@@ -81,6 +84,11 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
         node_of_rank=node_of_rank,
     )
     _ps.global_process_set._bind(0, list(range(size)), world)
+    from .engine import Engine
+    _state.engine = Engine(_state)
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered.append(True)
     abort = settings.abort_on_exception if abort_on_exception is None else abort_on_exception
     if abort and size > 1:
         _install_abort_hook(_state)
@@ -152,11 +160,14 @@ def _install_abort_hook(st: _State) -> None:
 
 
 def shutdown() -> None:
-    """Release hvdlike's communicators on every rank. ``init()`` may be called again after."""
+    """Stop the engine and release hvdlike's communicators, together with the other ranks
+    (collective; also run at exit). Requests still pending fail. ``init()`` may be called
+    again after."""
     global _state
     st = _state
     if st is None:
         return
+    st.engine.stop()
     _ps._release_all()
     for comm in (st.cross_comm, st.local_comm, st.world):
         comm.Free()

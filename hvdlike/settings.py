@@ -5,7 +5,8 @@
 | HVDLIKE_FUSION_THRESHOLD | 67108864 | bytes per fusion buffer in grouped collectives (0 disables fusion) |
 | HVDLIKE_SHM_THRESHOLD | 262144 | blocking all-reduces of at least this many bytes, within one node, use the shared-memory transport |
 | HVDLIKE_SHM_BUFFER | 67108864 | bytes one round of that transport reduces (each rank maps about that much shared memory plus 1/size of it); larger all-reduces take several rounds; 0 disables the transport |
-| HVDLIKE_CONSISTENCY_CHECK | 1 | check that all ranks call each collective with the same metadata |
+| HVDLIKE_CYCLE_TIME | 1 | milliseconds between the engine's rounds while some rank waits for others (ten times that when all are idle) |
+| HVDLIKE_CACHE_CAPACITY | 1024 | requests (name + metadata) the engine remembers, so that a repeated one is negotiated with one bit |
 | HVDLIKE_ABORT_ON_EXCEPTION | 1 | an uncaught exception on any rank aborts the whole job |
 | HVDLIKE_NODE_NAMES | (unset) | comma-separated node name per world rank, overriding MPI's topology |
 """
@@ -19,7 +20,8 @@ class Settings:
     fusion_threshold: int = 64 * 1024 * 1024
     shm_threshold: int = 256 * 1024
     shm_buffer: int = 64 * 1024 * 1024
-    consistency_check: bool = True
+    cycle_time_ms: float = 1.0
+    cache_capacity: int = 1024
     abort_on_exception: bool = True
     node_names: Optional[Tuple[str, ...]] = None
 
@@ -31,7 +33,8 @@ class Settings:
             fusion_threshold=_int(env, "HVDLIKE_FUSION_THRESHOLD", cls.fusion_threshold),
             shm_threshold=_int(env, "HVDLIKE_SHM_THRESHOLD", cls.shm_threshold),
             shm_buffer=_int(env, "HVDLIKE_SHM_BUFFER", cls.shm_buffer),
-            consistency_check=_bool(env, "HVDLIKE_CONSISTENCY_CHECK", cls.consistency_check),
+            cycle_time_ms=_float(env, "HVDLIKE_CYCLE_TIME", cls.cycle_time_ms),
+            cache_capacity=_int(env, "HVDLIKE_CACHE_CAPACITY", cls.cache_capacity),
             abort_on_exception=_bool(env, "HVDLIKE_ABORT_ON_EXCEPTION", cls.abort_on_exception),
             node_names=tuple(n.strip() for n in names.split(",")) if names else None,
         )
@@ -47,6 +50,19 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
         raise ValueError(f"{key}={raw!r} is not an integer number of bytes") from None
     if value < 0:
         raise ValueError(f"{key}={raw!r} must be >= 0")
+    return value
+
+
+def _float(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{key}={raw!r} is not a number of milliseconds") from None
+    if not value > 0 or value > 60_000:
+        raise ValueError(f"{key}={raw!r} must be more than 0 and at most 60000 milliseconds")
     return value
 
 

@@ -8,7 +8,8 @@ EXPECTED = {
     "shape_mismatch": ("CollectiveMismatchError", ["shape", "rank 0 has (3,)", "rank 1 has (4,)"]),
     "dtype_mismatch": ("CollectiveMismatchError", ["dtype", "float32", "float64"]),
     "op_mismatch": ("CollectiveMismatchError", ["op", "Sum", "Max"]),
-    "name_mismatch": ("CollectiveMismatchError", ["name", "grad_0", "grad_1"]),
+    "same_name_shape_mismatch": ("CollectiveMismatchError", ["shape", "rank 0 has (3,)",
+                                                             "matched by name"]),
     "root_mismatch": ("CollectiveMismatchError", ["root"]),
     "root_out_of_range": ("ValueError", ["root_rank", "is not a rank of"]),
     "root_out_of_range_one_rank": ("ValueError", ["root_rank -1"]),
@@ -22,7 +23,7 @@ EXPECTED = {
     "grouped_length_mismatch": ("CollectiveMismatchError", ["shape"]),
     "reducescatter_scalar": ("ValueError", ["scalar"]),
     "different_collectives": ("CollectiveMismatchError", ["kind", "allgather", "allreduce"]),
-    "blocking_and_async_mixed": ("CollectiveMismatchError", ["allreduce_async"]),
+    "named_dtype_mismatch_async": ("CollectiveMismatchError", ["dtype", "int32", "int64"]),
     "set_not_registered": ("ValueError", ["not registered", "add_process_set"]),
 }
 

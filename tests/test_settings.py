@@ -6,24 +6,27 @@ from hvdlike.settings import Settings
 
 def test_defaults():
     s = Settings.from_env({})
-    assert (s.fusion_threshold, s.consistency_check, s.abort_on_exception, s.node_names) == (
-        64 * 1024 * 1024, True, True, None)
+    assert (s.fusion_threshold, s.abort_on_exception, s.node_names) == (
+        64 * 1024 * 1024, True, None)
+    assert (s.cycle_time_ms, s.cache_capacity) == (1.0, 1024)
     assert (s.shm_threshold, s.shm_buffer) == (256 * 1024, 64 * 1024 * 1024)
 
 
 def test_values_are_parsed():
-    s = Settings.from_env({"HVDLIKE_FUSION_THRESHOLD": "1024", "HVDLIKE_CONSISTENCY_CHECK": "0",
-                           "HVDLIKE_ABORT_ON_EXCEPTION": "false", "HVDLIKE_NODE_NAMES": "a, a,b",
+    s = Settings.from_env({"HVDLIKE_FUSION_THRESHOLD": "1024", "HVDLIKE_CYCLE_TIME": "2.5",
+                           "HVDLIKE_CACHE_CAPACITY": "64", "HVDLIKE_ABORT_ON_EXCEPTION": "false", "HVDLIKE_NODE_NAMES": "a, a,b",
                            "HVDLIKE_SHM_THRESHOLD": "0", "HVDLIKE_SHM_BUFFER": "4096"})
-    assert (s.fusion_threshold, s.consistency_check, s.abort_on_exception, s.node_names) == (
-        1024, False, False, ("a", "a", "b"))
+    assert (s.fusion_threshold, s.cycle_time_ms, s.cache_capacity, s.abort_on_exception,
+            s.node_names) == (1024, 2.5, 64, False, ("a", "a", "b"))
     assert (s.shm_threshold, s.shm_buffer) == (0, 4096)
 
 
 @pytest.mark.parametrize("key,value,words", [
     ("HVDLIKE_FUSION_THRESHOLD", "64MB", "not an integer"),
     ("HVDLIKE_FUSION_THRESHOLD", "-1", "must be >= 0"),
-    ("HVDLIKE_CONSISTENCY_CHECK", "maybe", "not a boolean"),
+    ("HVDLIKE_ABORT_ON_EXCEPTION", "maybe", "not a boolean"),
+    ("HVDLIKE_CYCLE_TIME", "fast", "not a number of milliseconds"),
+    ("HVDLIKE_CYCLE_TIME", "0", "more than 0"),
     ("HVDLIKE_SHM_BUFFER", "-5", "must be >= 0"),
     ("HVDLIKE_SHM_THRESHOLD", "1MiB", "not an integer"),
 ])

@@ -9,7 +9,7 @@ from hvdlike.tensorflow import ops as _ops
 
 def _fused_broadcast_np(root_rank, process_set):
     """NumPy function: broadcast many arrays with one core call per dtype."""
-    def np_fn(*arrays):
+    def np_fn(_op_name, *arrays):
         by_dtype = {}
         for i, a in enumerate(arrays):
             by_dtype.setdefault(np.dtype(a.dtype), []).append(i)

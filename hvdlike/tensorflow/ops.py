@@ -5,9 +5,10 @@ hvdlike core.  It is run directly in eager mode, and through ``tf.numpy_function
 inside ``tf.function`` (Keras ``fit`` compiles its train step).  Shapes are set
 statically on the graph outputs wherever they are known.
 
-All ranks of the process set must call the same collectives in the same order with
-consistent metadata (dtype, shape, op, root); a mismatch raises
-``hvdlike.CollectiveMismatchError`` on every rank.
+Requests pair across ranks by name (an explicit ``name=``, or in a graph the op's name;
+unnamed eager calls pair in call order), in whatever order each rank runs them; a name
+with mismatched metadata (dtype, shape, op, root) raises ``hvdlike.CollectiveMismatchError``
+on every rank.
 """
 import numpy as np
 import tensorflow as tf
@@ -77,24 +78,28 @@ def _ps_rank(process_set):
 
 
 def _run(what, np_fn, inputs, out_dtypes, out_shapes):
-    """Run ``np_fn(*numpy_inputs) -> list[np.ndarray]`` on TF tensors.
+    """Run ``np_fn(op_name, *numpy_inputs) -> list[np.ndarray]`` on TF tensors.
 
-    Eager: a direct call.  Graph: one stateful tf.numpy_function (automatic control
-    dependencies keep collectives in program order, identical on every rank).
+    Eager: a direct call (``op_name`` None: an unnamed request pairs in call order).  Graph:
+    one stateful tf.numpy_function whose graph op name is passed as ``op_name``: the same on
+    every rank that built the same graph, so unnamed collectives of one graph pair up by
+    name whatever order TensorFlow runs them in (as Horovod's ops do).
     """
     if tf.executing_eagerly():
         # np.asarray shares a CPU tensor's memory (t.numpy() would copy it); the core only reads it
-        outs = np_fn(*[np.asarray(t) for t in inputs])
+        outs = np_fn(None, *[np.asarray(t) for t in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
     _check_not_xla(what)
+    op_name = []  # set once the op exists
 
     def _graph_fn(*arrays):
-        outs = np_fn(*arrays)
+        outs = np_fn(op_name[0], *arrays)
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, out_dtypes)]
 
     outs = tf.numpy_function(_graph_fn, list(inputs), list(out_dtypes), stateful=True,
                              name="Hvdlike" + "".join(p.title() for p in what.split("_")))
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    op_name.append(outs[0].op.name if outs else None)
     for o, s in zip(outs, out_shapes):
         o.set_shape(s)
     return outs
@@ -113,13 +118,13 @@ def _normalize_op(op, average, what):
 
 def _allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process_set):
     """Allreduce a list of dense tensors in ONE fused core call."""
-    def np_fn(*arrays):
+    def np_fn(op_name, *arrays):
         if len(arrays) == 1:
             return [_core.allreduce(arrays[0], op=op, prescale_factor=prescale_factor,
-                                    postscale_factor=postscale_factor, name=name,
+                                    postscale_factor=postscale_factor, name=name or op_name,
                                     process_set=process_set)]
         return _core.grouped_allreduce(list(arrays), op=op, prescale_factor=prescale_factor,
-                                       postscale_factor=postscale_factor, name=name,
+                                       postscale_factor=postscale_factor, name=name or op_name,
                                        process_set=process_set)
     if not tensors:
         return []
@@ -249,10 +254,11 @@ def _gathered_shape(shape, process_set):
 
 
 def _allgather_raw(tensors, name, process_set):
-    def np_fn(*arrays):
+    def np_fn(op_name, *arrays):
         if len(arrays) == 1:
-            return [_core.allgather(arrays[0], name=name, process_set=process_set)]
-        return _core.grouped_allgather(list(arrays), name=name, process_set=process_set)
+            return [_core.allgather(arrays[0], name=name or op_name, process_set=process_set)]
+        return _core.grouped_allgather(list(arrays), name=name or op_name,
+                                       process_set=process_set)
     return _run("allgather", np_fn, tensors, [t.dtype for t in tensors],
                 [_gathered_shape(t.shape, process_set) for t in tensors])
 
@@ -310,8 +316,8 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 # --------------------------------------------------------------------------- broadcast
 
 def _broadcast_raw(tensor, root_rank, name, process_set):
-    def np_fn(a):
-        return [_core.broadcast(a, root_rank, name=name, process_set=process_set)]
+    def np_fn(op_name, a):
+        return [_core.broadcast(a, root_rank, name=name or op_name, process_set=process_set)]
     return _run("broadcast", np_fn, [tensor], [tensor.dtype], [tensor.shape])[0]
 
 
@@ -344,8 +350,9 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set,
 def _alltoall_raw(tensor, splits, name, process_set):
     n = _ps_size(process_set)
 
-    def np_fn(a, s=None):
-        out, received = _core.alltoall(a, splits=s, name=name, process_set=process_set)
+    def np_fn(op_name, a, s=None):
+        out, received = _core.alltoall(a, splits=s, name=name or op_name,
+                                       process_set=process_set)
         return [out, np.asarray(received, dtype=np.int64)]
     shape = tensor.shape
     out_shape = (tf.TensorShape([None] + shape.as_list()[1:]) if shape.rank
@@ -393,8 +400,8 @@ def _scattered_shape(shape, process_set):
 
 
 def _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name, process_set):
-    def np_fn(*arrays):
-        kw = dict(op=op, name=name, process_set=process_set,
+    def np_fn(op_name, *arrays):
+        kw = dict(op=op, name=name or op_name, process_set=process_set,
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor)
         if len(arrays) == 1:
             return [_core.reducescatter(arrays[0], **kw)]
@@ -468,13 +475,13 @@ def join():
     Returns (as an int32 scalar tensor) the rank that joined last.  Until then, this
     rank contributes zeros to allreduces issued by the ranks still training.
     """
-    return _run("join", lambda: [np.asarray(_core.join(), np.int32)], [], [tf.int32],
+    return _run("join", lambda _: [np.asarray(_core.join(), np.int32)], [], [tf.int32],
                 [tf.TensorShape([])])[0]
 
 
 def barrier(process_set=global_process_set):
     """Block until every rank of ``process_set`` reaches the barrier."""
-    def np_fn():
+    def np_fn(_):
         _core.barrier(process_set=process_set)
         return [np.asarray(True)]
     return _run("barrier", np_fn, [], [tf.bool], [tf.TensorShape([])])[0]

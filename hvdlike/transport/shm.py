@@ -20,7 +20,8 @@ caller stays on MPI: writing past a full /dev/shm would kill the job with SIGBUS
 """
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional
+import bisect
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -82,18 +83,25 @@ class SharedMemoryAllreduce:
     def allreduce(self, send: Optional[np.ndarray], recv: np.ndarray, op: ReduceOp,
                   finish: Optional[Callable[[np.ndarray], None]] = None) -> None:
         """Reduce ``send`` (or ``recv`` in place when send is None) into ``recv`` on every
-        rank. Both are C-contiguous with the same dtype and size; ``reserve(recv.nbytes)``
-        returned True. ``finish``, an element-wise in-place pass (Average's scaling), is
-        applied to each reduced piece while it is still in cache."""
-        out = recv.reshape(-1)
+        rank; see ``allreduce_many``."""
+        self.allreduce_many([recv if send is None else send], [recv], op, finish)
+
+    def allreduce_many(self, sends: Sequence[np.ndarray], recvs: Sequence[np.ndarray],
+                       op: ReduceOp, finish: Optional[Callable[[np.ndarray], None]] = None) -> None:
+        """Reduce a list of arrays as if they were one concatenated array, reading straight
+        from ``sends`` and writing straight into ``recvs`` (no fusion buffer). ``sends[i]``
+        and ``recvs[i]`` are C-contiguous, of one dtype for all i, the same size, and may be
+        the same array (in place); every rank passes the same sizes and ``reserve`` of their
+        total bytes returned True. ``finish``, an element-wise in-place pass (Average's
+        scaling), is applied to each reduced piece while it is still in cache."""
+        data = _Segments([s.reshape(-1) for s in sends])
+        out = _Segments([r.reshape(-1) for r in recvs])
         if out.size == 0:
             return
-        data = out if send is None else send.reshape(-1)
         ufunc = _UFUNCS[op]
-        step = max(1, min(self._capacity, out.nbytes) // out.itemsize)
+        step = max(1, min(self._capacity, out.size * out.itemsize) // out.itemsize)
         for start in range(0, out.size, step):
-            stop = min(start + step, out.size)
-            self._round(data[start:stop], out[start:stop], ufunc, finish)
+            self._round(data, out, start, min(start + step, out.size), ufunc, finish)
 
     def free(self) -> None:
         """Release the window (collective); ``reserve`` allocates it again when needed."""
@@ -115,34 +123,40 @@ class SharedMemoryAllreduce:
         self._comm.Barrier()
         self._win.Sync()
 
-    def _round(self, data: np.ndarray, out: np.ndarray, ufunc: Callable[..., Any],
-               finish: Optional[Callable[[np.ndarray], None]]) -> None:
-        n, dtype, me = data.size, data.dtype, self._rank
-        slot = self._slots[me][:data.nbytes].view(dtype)
+    def _round(self, data: "_Segments", out: "_Segments", lo: int, hi: int,
+               ufunc: Callable[..., Any], finish: Optional[Callable[[np.ndarray], None]]) -> None:
+        """Reduce elements [lo, hi) of the concatenation (at most one window's worth)."""
+        n, dtype, me = hi - lo, out.dtype, self._rank
+        nbytes = n * dtype.itemsize
+        slot = self._slots[me][:nbytes].view(dtype)
         for j in range(self._size):
             if j != me:
                 part = self._chunk(n, j)
-                slot[part] = data[part]
+                data.read(lo + part.start, lo + part.stop, slot[part])
         self._sync()
         mine = self._chunk(n, me)
-        sources = [data if p == me else self._slots[p][:data.nbytes].view(dtype)
-                   for p in range(self._size)]
+        peers = [None if p == me else self._slots[p][:nbytes].view(dtype)
+                 for p in range(self._size)]
         result = self._results[me][:(mine.stop - mine.start) * dtype.itemsize].view(dtype)
         piece = max(1, _PIECE // dtype.itemsize)
-        for lo in range(mine.start, mine.stop, piece):
-            hi = min(lo + piece, mine.stop)
-            dst = result[lo - mine.start:hi - mine.start]
-            ufunc(sources[0][lo:hi], sources[1][lo:hi], out=dst)
-            for src in sources[2:]:
-                ufunc(dst, src[lo:hi], out=dst)
-            if finish is not None:
-                finish(dst)
-            out[lo:hi] = dst
+        for a, b in _pieces(mine.start, mine.stop, piece):
+            for i, s, e, at in data.spans(lo + a, lo + b, base=lo):
+                # [s, e) of array i holds elements [at, at + e - s) of this round
+                own = data.arrays[i][s:e]
+                sources = [own if src is None else src[at:at + e - s] for src in peers]
+                dst = result[at - mine.start:at - mine.start + e - s]
+                ufunc(sources[0], sources[1], out=dst)
+                for src in sources[2:]:
+                    ufunc(dst, src, out=dst)
+                if finish is not None:
+                    finish(dst)
+                out.arrays[i][s:e] = dst
         self._sync()
         for j in range(self._size):
             if j != me:
                 part = self._chunk(n, j)
-                out[part] = self._results[j][:(part.stop - part.start) * dtype.itemsize].view(dtype)
+                chunk = self._results[j][:(part.stop - part.start) * dtype.itemsize].view(dtype)
+                out.write(lo + part.start, lo + part.stop, chunk)
 
     def _room_for(self, nbytes: int) -> bool:
         """Whether /dev/shm has ``nbytes`` free on every rank (collective)."""
@@ -174,3 +188,46 @@ class SharedMemoryAllreduce:
             self._slots.append(whole[:capacity])
             self._results.append(whole[capacity:capacity + result_bytes])
         self._win, self._capacity = win, capacity
+
+
+def _pieces(lo: int, hi: int, piece: int) -> Iterator[Tuple[int, int]]:
+    for a in range(lo, hi, piece):
+        yield a, min(a + piece, hi)
+
+
+class _Segments:
+    """A list of flat arrays seen as one concatenated array (element offsets)."""
+
+    def __init__(self, arrays: List[np.ndarray]) -> None:
+        self.arrays = arrays
+        self.starts = [0]
+        for a in arrays:
+            self.starts.append(self.starts[-1] + a.size)
+        self.size = self.starts[-1]
+        self.dtype = arrays[0].dtype if arrays else np.dtype(np.uint8)
+        self.itemsize = self.dtype.itemsize
+
+    def spans(self, lo: int, hi: int, base: int = 0) -> Iterator[Tuple[int, int, int, int]]:
+        """(array index, start, stop within it, element offset of start minus ``base``) for
+        the elements [lo, hi) of the concatenation."""
+        i = bisect.bisect_right(self.starts, lo) - 1
+        while lo < hi:
+            while self.starts[i + 1] <= lo:
+                i += 1
+            stop = min(hi, self.starts[i + 1])
+            yield i, lo - self.starts[i], stop - self.starts[i], lo - base
+            lo = stop
+
+    def read(self, lo: int, hi: int, into: np.ndarray) -> None:
+        """Copy elements [lo, hi) into the flat array ``into``."""
+        at = 0
+        for i, s, e, _ in self.spans(lo, hi):
+            into[at:at + e - s] = self.arrays[i][s:e]
+            at += e - s
+
+    def write(self, lo: int, hi: int, values: np.ndarray) -> None:
+        """Copy the flat array ``values`` into elements [lo, hi)."""
+        at = 0
+        for i, s, e, _ in self.spans(lo, hi):
+            self.arrays[i][s:e] = values[at:at + e - s]
+            at += e - s

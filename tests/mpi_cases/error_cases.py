@@ -13,7 +13,7 @@ def _cases(rank: int, size: int) -> Dict[str, Callable[[], Any]]:
         "shape_mismatch": lambda: hvd.allreduce(np.ones(3 + rank, np.float32)),
         "dtype_mismatch": lambda: hvd.allreduce(np.ones(3, np.float64 if odd else np.float32)),
         "op_mismatch": lambda: hvd.allreduce(np.ones(3), op=hvd.Max if odd else hvd.Sum),
-        "name_mismatch": lambda: hvd.allreduce(np.ones(3), name=f"grad_{rank}"),
+        "same_name_shape_mismatch": lambda: hvd.allreduce(np.ones(3 + rank), name="grad"),
         "root_mismatch": lambda: hvd.broadcast(np.ones(2), root_rank=rank % 2),
         "root_out_of_range": lambda: hvd.broadcast(np.ones(2), root_rank=size + 3),
         "root_out_of_range_one_rank": lambda: hvd.broadcast(np.ones(2), root_rank=-1 if odd else 0),
@@ -29,8 +29,8 @@ def _cases(rank: int, size: int) -> Dict[str, Callable[[], Any]]:
         "reducescatter_scalar": lambda: hvd.reducescatter(np.float32(1.0)),
         "different_collectives": lambda: (hvd.allgather(np.ones(2)) if odd
                                           else hvd.allreduce(np.ones(2))),
-        "blocking_and_async_mixed": lambda: (hvd.allreduce_async(np.ones(2)).synchronize() if odd
-                                             else hvd.allreduce(np.ones(2))),
+        "named_dtype_mismatch_async": lambda: hvd.allreduce_async(
+            np.ones(2, np.int32 if odd else np.int64), name="g").synchronize(),
         "set_not_registered": lambda: hvd.allreduce(np.ones(2), process_set=hvd.ProcessSet([0])),
     }
 

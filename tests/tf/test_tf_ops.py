@@ -21,6 +21,7 @@ CHECKS = [
     "shape_mismatch_across_ranks_raises_on_every_rank",
     "jit_compile_gives_clear_error",
     "broadcast_variables_object_and_allgather_object",
+    "independent_collectives_in_v1_graph_run_in_any_order",
 ]
 
 WORLDS = {"np1_without_mpirun": (1, False), "np2": (2, True), "np4": (4, True)}

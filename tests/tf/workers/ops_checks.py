@@ -286,4 +286,35 @@ def _():
     assert hvd.allgather_object(r * 10) == [k * 10 for k in range(n)]
 
 
+
+
+@check("independent_collectives_in_v1_graph_run_in_any_order")
+def _():
+    """A tf.compat.v1 graph of independent unnamed collectives whose inputs are delayed in a
+    rank-dependent order, so that each rank runs them in another order: they pair by their
+    graph op names and every result is right."""
+    import time
+    k = 4
+    graph = tf.Graph()
+    with graph.as_default():
+        outs = []
+        for i in range(k):
+            delay = (i if r % 2 == 0 else k - 1 - i) * 0.05
+
+            def late(x, delay=delay):
+                time.sleep(delay)
+                return x
+
+            x = tf.numpy_function(late, [tf.constant(x_of(r, shape=(i + 1,)))], tf.float32)
+            x.set_shape((i + 1,))
+            outs.append(hvd.allreduce(x, op=hvd.Sum))
+        outs.append(hvd.allgather(tf.constant(x_of(r, shape=(1, 2)))))
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=k + 2)
+    with tf.compat.v1.Session(graph=graph, config=config) as sess:
+        got = sess.run(outs)
+    for i in range(k):
+        assert_close(got[i], np.sum([x_of(q, shape=(i + 1,)) for q in range(n)], axis=0))
+    assert_close(got[k], np.concatenate([x_of(q, shape=(1, 2)) for q in range(n)]))
+
+
 close()

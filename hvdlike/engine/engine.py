@@ -1,0 +1,322 @@
+"""The engine: one place per process that owns collective communication.
+
+Any thread submits a request and gets a handle at once. Requests are matched across ranks by
+name in any submission order (unnamed ones get ``noname.<k>``, k counting a process set's
+unnamed requests on this rank, so they pair in call order). Progress happens in *rounds*,
+the same sequence of rounds on every rank: gather one small row from every rank
+(``negotiation``), run what became ready everywhere (fused all-reduces first, then the
+others, in an order every rank computes alike), complete the handles.
+
+Who runs a round: a thread blocked in ``synchronize()`` (or a blocking collective) runs it
+itself when no round is running (no thread hand-off on the latency path); otherwise the
+background thread ``hvdlike-engine`` does, as soon as work is queued, and every
+``HVDLIKE_CYCLE_TIME`` ms while any rank has work pending (ten times slower when every rank is
+idle), so that a rank without work of its own still takes part in its peers' rounds. Because
+every rank runs every round and runs its responses in the same order, the transports can use
+ordinary blocking MPI collectives. MPI is initialised with MPI_THREAD_MULTIPLE (mpi4py's
+default): the engine serialises its own calls with a lock, but application threads may use
+MPI on their own communicators meanwhile.
+"""
+import threading
+import time
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional
+
+import numpy as np
+
+from .. import process_sets as _ps
+from ..checks import LocalError, Request, raised_on_every_rank
+from ..handles import Handle
+from . import execute
+from .execute import ALLREDUCES, RUNNERS, Work
+from .negotiation import HEADER, Announcement, Key, Negotiation
+
+_IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
+_SPIN_SECONDS = 50e-6  # busy-test an exchange this long before sleeping between tests
+_MAX_SLEEP = 200e-6
+
+
+class Entry:
+    """A request this rank submitted, until its response has run."""
+
+    __slots__ = ("key", "request", "error", "inputs", "process_set", "handle", "position",
+                 "announced")
+
+    def __init__(self, request: Request, error: Optional[LocalError], inputs: Any,
+                 process_set: Any, handle: Handle) -> None:
+        self.key: Key = (process_set.process_set_id, request.name or "")
+        self.request, self.error, self.inputs = request, error, inputs
+        self.process_set, self.handle = process_set, handle
+        self.position: Optional[int] = None  # cache position whose bit this entry sets
+        self.announced = False
+
+
+class Engine:
+    def __init__(self, st: Any) -> None:
+        self._st = st
+        self._ctrl = st.world.Dup()  # rounds only; data moves on the process sets' comms
+        self._neg = Negotiation(st.size, st.settings.cache_capacity,
+                                lambda set_id: _ps._registry[set_id].ranks)
+        self._cycle = st.settings.cycle_time_ms / 1000.0
+        self._cv = threading.Condition()
+        self._queue: List[Entry] = []
+        self._noname: Dict[int, int] = {}
+        self._stopping = False
+        self._lock = threading.Lock()  # held while a round runs; guards everything below
+        self._pending: Dict[Key, Entry] = {}
+        self._later: Dict[Key, Deque[Entry]] = {}  # further instances of a pending name
+        self._bits = np.zeros(self._neg.words, np.uint64)
+        self._joined_round = -1
+        self._join_entry: Optional[Entry] = None
+        self._round_no = 0
+        self._busy = True  # the last round had work pending somewhere
+        self._productive = False
+        self._stuck = False  # every rank had work pending in the last round, none ran
+        self._last_round = 0.0
+        self.stopped = False
+        self._thread = threading.Thread(target=self._run, name="hvdlike-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ any thread
+
+    def submit(self, request: Request, error: Optional[LocalError], inputs: Any,
+               process_set: Any, wake: bool = True) -> Handle:
+        """Queue a request; returns its handle at once. ``wake=False``: the caller is about
+        to wait on the handle (and so run the round itself): leave the background thread be."""
+        handle = Handle(self)
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError(f"hvdlike.{request.kind}: hvdlike is shutting down on this "
+                                   "rank; no more collectives can be submitted")
+            if request.name is None:
+                k = self._noname.get(process_set.process_set_id, 0)
+                self._noname[process_set.process_set_id] = k + 1
+                request = request._replace(name=f"noname.{k}")
+            self._queue.append(Entry(request, error, inputs, process_set, handle))
+            if wake:
+                self._cv.notify()
+        return handle
+
+    def wait(self, handle: Handle) -> None:
+        """Return once ``handle`` is complete, running rounds on this thread when none runs."""
+        while not handle._done:
+            if self._lock.acquire(blocking=False):
+                try:
+                    if handle._done:
+                        return
+                    if self.stopped:
+                        raise RuntimeError("hvdlike was shut down before this request ran")
+                    pause = self._pause()
+                    if pause <= 0:
+                        self._round()
+                        continue
+                finally:
+                    self._lock.release()
+                handle._event.wait(pause)
+            else:
+                handle._event.wait(self._cycle)
+
+    def stop(self) -> None:
+        """Shut down together with the other ranks (collective); fails what is left."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self._thread.join()
+        self._ctrl.Free()
+
+    def forget_set(self, set_id: int) -> None:
+        """A process set is being removed (in a round, on every rank)."""
+        self._neg.forget_set(set_id)
+
+    # ------------------------------------------------------------------ rounds
+
+    def _pause(self) -> float:
+        """How long to wait before the next round. None when there is news, or when this
+        rank waits for a peer that may submit any moment (it then waits inside the round's
+        exchange, and so answers at once when the peer comes). A cycle time when every rank
+        waited for something in the last round and nothing came of it (names submitted in
+        different orders: rounds back to back would only spin) or while joined; a tick, to
+        keep peers company, otherwise."""
+        if self._queue or self._stopping:
+            return 0.0
+        if self._pending and (self._productive or not self._stuck):
+            return 0.0
+        tick = self._cycle if (self._busy or self._pending) else self._cycle * _IDLE_FACTOR
+        if self._st.size == 1 and not self._pending:
+            tick = 3600.0  # no peers to keep company: wait for work
+        return self._last_round + tick - time.monotonic()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                pause = self._pause()
+                if pause > 0:
+                    self._cv.wait(pause)
+            with self._lock:
+                if self.stopped:
+                    return
+                if self._pause() <= 0:
+                    self._round()
+
+    def _round(self) -> None:
+        try:
+            self._negotiate_and_run()
+        except BaseException:
+            # A failure here (not in a collective's data: those go to their handles) leaves
+            # this rank's rounds out of step with its peers': stop the job rather than hang.
+            import sys
+            import traceback
+            traceback.print_exc()
+            sys.stderr.write(f"hvdlike: internal error in the engine on rank {self._st.rank}; "
+                             "aborting the job\n")
+            sys.stderr.flush()
+            self._st.mpi.COMM_WORLD.Abort(1)
+
+    def _take_queue(self) -> List[Announcement]:
+        with self._cv:
+            new, self._queue = self._queue, []
+        for entry in new:
+            if entry.request.kind == "join":
+                self._joined_round, self._join_entry = self._round_no, entry
+            elif entry.key in self._pending:
+                self._later.setdefault(entry.key, deque()).append(entry)
+            else:
+                self._pending[entry.key] = entry
+        announce = []
+        for entry in self._pending.values():
+            if entry.announced or entry.position is not None:
+                continue
+            position = None if entry.error else self._neg.cached(entry.key, entry.request)
+            if position is None:
+                announce.append(Announcement(entry.key, entry.request, entry.error))
+                entry.announced = True
+            else:
+                entry.position = position
+                self._bits[position // 64] |= np.uint64(1 << (position % 64))
+        return announce
+
+    def _exchange(self, row: np.ndarray) -> np.ndarray:
+        rows = np.empty((self._st.size, row.size), np.int64)
+        request = self._ctrl.Iallgather(row, rows)
+        start = time.perf_counter()
+        while not request.Test():
+            if time.perf_counter() - start > _SPIN_SECONDS:
+                sleep = 20e-6
+                while not request.Test():
+                    time.sleep(sleep)
+                    sleep = min(2 * sleep, _MAX_SLEEP)
+                break
+        return rows
+
+    def _negotiate_and_run(self) -> None:
+        announce = self._take_queue()
+        stopping = self._stopping
+        row = self._neg.row(self._bits, len(announce), self._joined_round, stopping)
+        rows = self._exchange(row)
+        lists = self._ctrl.allgather(announce) if rows[:, 0].any() else None
+        decision = self._neg.decide(rows, lists)
+        self._round_no += 1
+        self._last_round = time.monotonic()
+        self._busy = bool(rows[:, 0].any() or rows[:, HEADER:].any() or (rows[:, 1] >= 0).any())
+        for key in decision.invalidated:
+            entry = self._pending.get(key)
+            if entry is not None and entry.position is not None:
+                self._clear_bit(entry)
+                entry.announced = False
+        self._productive = bool(decision.responses)
+        self._stuck = not self._productive and self._everyone_waits(rows)
+        self._run_responses(decision.responses)
+        if decision.all_joined and self._join_entry is not None:
+            entry, self._join_entry, self._joined_round = self._join_entry, None, -1
+            entry.handle._complete(decision.last_joined, None)
+        if decision.stop:
+            self._stop_now()
+
+    @staticmethod
+    def _everyone_waits(rows: np.ndarray) -> bool:
+        """Whether every rank had something pending (or had joined) in this round."""
+        waiting = (rows[:, 0] > 0) | (rows[:, 1] >= 0) | rows[:, HEADER:].any(axis=1)
+        return bool(waiting.all())
+
+    def _run_responses(self, responses: List[Any]) -> None:
+        me = self._st.rank
+        reductions: List[Work] = []
+        others: List[Work] = []
+        for response in responses:
+            ps = _ps._registry.get(response.key[0])
+            if ps is None or me not in ps.ranks:
+                continue
+            entry = self._pending.get(response.key)
+            if entry is not None:
+                self._retire(entry)
+            if response.error is not None:
+                error = raised_on_every_rank(response.error, ps.rank())
+                if entry is not None:
+                    entry.handle._complete(None, error)
+                elif self._join_entry is not None:  # a joined rank cannot serve this one
+                    join, self._join_entry, self._joined_round = self._join_entry, None, -1
+                    join.handle._complete(None, error)
+                continue
+            if entry is None:  # joined: take part with zeros, keep nothing
+                self._count_unnamed(response.key)
+                work = Work(response.request, execute.zeros_for(response.request), ps,
+                            _discard)
+            else:
+                work = Work(response.request, entry.inputs, ps, entry.handle._succeed)
+            (reductions if response.request.kind in ALLREDUCES else others).append(work)
+        if reductions:
+            self._guarded(lambda: execute.run_allreduces(self._st, reductions), reductions)
+        for work in others:
+            self._guarded(lambda: work.done(RUNNERS[work.request.kind](self._st, work)), [work])
+
+    def _count_unnamed(self, key: Key) -> None:
+        """A joined rank served another rank's unnamed request ``noname.k``: its own next
+        unnamed request must be numbered after it, as the others' are."""
+        set_id, name = key
+        if name.startswith("noname."):
+            with self._cv:
+                k = int(name[len("noname."):])
+                self._noname[set_id] = max(self._noname.get(set_id, 0), k + 1)
+
+    def _guarded(self, run: Any, works: List[Work]) -> None:
+        try:
+            run()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, raised there
+            for work in works:
+                handle = getattr(work.done, "__self__", None)
+                if isinstance(handle, Handle) and not handle._done:
+                    handle._complete(None, exc)
+
+    def _retire(self, entry: Entry) -> None:
+        if entry.position is not None:
+            self._clear_bit(entry)
+        del self._pending[entry.key]
+        later = self._later.get(entry.key)
+        if later:
+            self._pending[entry.key] = later.popleft()
+            if not later:
+                del self._later[entry.key]
+
+    def _clear_bit(self, entry: Entry) -> None:
+        position = entry.position
+        assert position is not None
+        self._bits[position // 64] &= ~np.uint64(1 << (position % 64))
+        entry.position = None
+
+    def _stop_now(self) -> None:
+        self.stopped = True
+        with self._cv:
+            left, self._queue = self._queue, []
+        left += list(self._pending.values()) + [e for q in self._later.values() for e in q]
+        if self._join_entry is not None:
+            left.append(self._join_entry)
+        for entry in left:
+            entry.handle._complete(None, RuntimeError(
+                f"hvdlike.{entry.request.kind} {entry.request.name!r} was still pending when "
+                "hvdlike shut down"))
+        self._pending.clear()
+        self._later.clear()
+
+
+def _discard(result: Any) -> None:
+    return None

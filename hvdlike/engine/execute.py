@@ -1,0 +1,292 @@
+"""How a ready response moves its data, run by the engine in the same order on every rank.
+
+All-reduces that became ready together are fused by bytes (``HVDLIKE_FUSION_THRESHOLD``) per
+(process set, op, factors, reduction dtype). A bucket goes through the on-node shared-memory
+transport straight from the tensors' memory into the results when its set lives on one node
+and it has at least ``HVDLIKE_SHM_THRESHOLD`` bytes; otherwise through ``MPI_Allreduce`` (one
+tensor: from its memory into the result; several: packed into a reused fusion buffer). The
+other collectives run one response at a time.
+"""
+import functools
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import dtypes, fusion
+from ..buffers import ResultCache
+from ..checks import Request
+from ..reduce_ops import ReduceOp
+
+InPlacePass = Callable[[np.ndarray], None]
+_pool = fusion.BufferPool()
+results = ResultCache()
+ALLREDUCES = ("allreduce", "grouped_allreduce")
+
+
+class Work(NamedTuple):
+    """One response as this rank runs it: its inputs (zeros on a rank that has joined) and
+    where its result goes."""
+
+    request: Request
+    inputs: Any  # list of arrays, or the object / splits the collective needs
+    process_set: Any
+    done: Callable[[Any], None]  # receives the result
+
+
+# ----------------------------------------------------------------------------- scaling
+
+def _scale_in_place(buf: np.ndarray, op: ReduceOp, postscale: float, n: int) -> None:
+    """Apply Average's 1/n and the postscale factor to a reduced buffer, in its dtype."""
+    if buf.dtype.kind == "f":
+        scale = postscale / n if op == ReduceOp.AVERAGE else postscale
+        if scale != 1.0:
+            buf *= scale
+    elif buf.dtype.kind in "iu":
+        if op == ReduceOp.AVERAGE and postscale == 1.0 and n > 1:
+            negative_inexact = (buf % n != 0) & (buf < 0)
+            buf //= n
+            buf += negative_inexact  # floor -> truncation toward zero
+        elif op == ReduceOp.AVERAGE or postscale != 1.0:
+            scale = postscale / n if op == ReduceOp.AVERAGE else postscale
+            buf[...] = buf * scale  # float64 product, truncated toward zero on assignment
+
+
+def _scaler(op: ReduceOp, postscale: float, n: int) -> Optional[InPlacePass]:
+    if op != ReduceOp.AVERAGE and postscale == 1.0:
+        return None
+    return functools.partial(_scale_in_place, op=op, postscale=postscale, n=n)
+
+
+def _wire_op(dtype: np.dtype, op: ReduceOp) -> ReduceOp:
+    return dtypes.bool_op(op) if dtype.kind == "b" else op
+
+
+# ----------------------------------------------------------------------------- all-reduce
+
+class _Tensor(NamedTuple):
+    """One tensor of an all-reduce: its input, and how its result is made from the reduced
+    work array (the reduction runs in ``work``: float32 for 16-bit floats, uint8 for bool)."""
+
+    array: np.ndarray
+    work: np.dtype
+
+
+def fusion_key(work: Work, i: int) -> Tuple[Any, ...]:
+    r = work.request
+    a = work.inputs[i]
+    wdtype = dtypes.reduce_dtype(a.dtype)
+    return (id(work.process_set), r.op, r.scale, a.dtype if a.dtype.kind == "b" else wdtype)
+
+
+def run_allreduces(st: Any, works: Sequence[Work]) -> None:
+    """Run every all-reduce response of a round, fused into buckets by bytes."""
+    tensors: List[Tuple[int, int]] = [(w, i) for w, work in enumerate(works)
+                                      for i in range(len(work.inputs))]
+    keys = [fusion_key(works[w], i) for w, i in tensors]
+    sizes = [works[w].inputs[i].size * dtypes.reduce_dtype(works[w].inputs[i].dtype).itemsize
+             for w, i in tensors]
+    outs: List[List[Any]] = [[None] * len(work.inputs) for work in works]
+    for bucket in fusion.plan_buckets(keys, sizes, st.settings.fusion_threshold):
+        members = [tensors[b] for b in bucket]
+        reduced = _allreduce_bucket(st, works[members[0][0]],
+                                    [works[w].inputs[i] for w, i in members])
+        for (w, i), r in zip(members, reduced):
+            outs[w][i] = r
+    for work, out in zip(works, outs):
+        work.done(out if work.request.kind == "grouped_allreduce" else out[0])
+
+
+def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray]) -> List[np.ndarray]:
+    """All-reduce arrays sharing op, factors and reduction dtype; returns new arrays."""
+    request, ps = first.request, first.process_set
+    op = ReduceOp(request.op)
+    prescale, postscale = request.scale
+    dtype = arrays[0].dtype
+    work = dtypes.reduce_dtype(dtype)
+    wire = _wire_op(dtype, op)
+    scale = _scaler(op, postscale, ps.size())
+    as_is = dtype.kind == "b" or (work == dtype and prescale == 1.0)
+    # sends: what goes in; recvs: where the reduction lands (in the work dtype)
+    if dtype.kind == "b":
+        sends = [a.view(np.uint8) for a in arrays]
+    elif as_is:
+        sends = list(arrays)
+    else:
+        sends = []
+        for a in arrays:
+            buf = results.empty(a.shape, work)
+            fusion.pack([a], buf.reshape(-1), prescale)
+            sends.append(buf)
+    recvs = sends if not as_is else [results.empty(a.shape, work) for a in arrays]
+    total = sum(r.nbytes for r in recvs)
+    shm = ps._shm
+    if shm is not None and total >= st.settings.shm_threshold and shm.reserve(total):
+        shm.allreduce_many(sends, recvs, wire, scale)
+    elif len(recvs) == 1:
+        st.transport.allreduce(ps._comm, None if sends[0] is recvs[0] else sends[0], recvs[0],
+                               wire, True)
+        if scale is not None:
+            scale(recvs[0])
+    else:
+        size = sum(r.size for r in recvs)
+        base = _pool.acquire(work, size)
+        buf = base[:size]
+        fusion.pack(sends, buf)
+        st.transport.allreduce(ps._comm, None, buf, wire, True)
+        if scale is not None:
+            scale(buf)
+        offset = 0
+        for r in recvs:
+            r.reshape(-1)[:] = buf[offset:offset + r.size]
+            offset += r.size
+        _pool.release(base)
+    return [_result(r, a.dtype) for r, a in zip(recvs, arrays)]
+
+
+def _result(buf: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if dtype.kind == "b":
+        return buf.view(np.bool_)
+    if buf.dtype == dtype:
+        return buf
+    out = results.empty(buf.shape, dtype)
+    np.copyto(out, buf, casting="unsafe")
+    return out
+
+
+# ----------------------------------------------------------------------------- the others
+
+def _row_bytes(a: np.ndarray) -> int:
+    return a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+
+
+def allgather(st: Any, work: Work) -> Any:
+    arrays: List[np.ndarray] = work.inputs
+    comm, t = work.process_set._comm, st.transport
+    rows = t.allgather_ints(comm, np.array([a.shape[0] for a in arrays], np.int64))
+    if len(arrays) == 1:
+        a = arrays[0]
+        out = results.empty((int(rows[:, 0].sum()),) + a.shape[1:], a.dtype)
+        t.allgatherv(comm, t.as_bytes(a), t.as_bytes(out), rows[:, 0] * _row_bytes(a), True)
+        return out if work.request.kind == "allgather" else [out]
+    seg_bytes = rows * np.array([_row_bytes(a) for a in arrays], np.int64)  # [rank, tensor]
+    u8 = np.dtype(np.uint8)
+    send_size, recv_size = int(seg_bytes[comm.Get_rank()].sum()), int(seg_bytes.sum())
+    send_base, recv_base = _pool.acquire(u8, send_size), _pool.acquire(u8, recv_size)
+    send, recv = send_base[:send_size], recv_base[:recv_size]
+    if arrays:
+        np.concatenate([t.as_bytes(a) for a in arrays], out=send)
+    t.allgatherv(comm, send, recv, seg_bytes.sum(axis=1), True)
+    outs = [results.empty((int(rows[:, i].sum()),) + a.shape[1:], a.dtype)
+            for i, a in enumerate(arrays)]
+    written = [0] * len(arrays)
+    offset = 0
+    for r in range(rows.shape[0]):
+        for i, out in enumerate(outs):
+            n = int(seg_bytes[r, i])
+            t.as_bytes(out)[written[i]:written[i] + n] = recv[offset:offset + n]
+            written[i] += n
+            offset += n
+    _pool.release(send_base)
+    _pool.release(recv_base)
+    return outs
+
+
+def broadcast(st: Any, work: Work) -> np.ndarray:
+    (a,) = work.inputs
+    ps = work.process_set
+    root = ps.ranks.index(int(work.request.root))
+    out = results.empty(a.shape, a.dtype)
+    if root == ps._comm.Get_rank():
+        np.copyto(out, a)
+    st.transport.bcast(ps._comm, st.transport.as_bytes(out), root, True)
+    return out
+
+
+def alltoall(st: Any, work: Work) -> Tuple[np.ndarray, np.ndarray]:
+    a, send_splits = work.inputs
+    comm, t = work.process_set._comm, st.transport
+    recv_splits = t.alltoall_ints(comm, send_splits)
+    out = results.empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
+    row = _row_bytes(a)
+    t.alltoallv(comm, t.as_bytes(a), send_splits * row, t.as_bytes(out), recv_splits * row, True)
+    return out, recv_splits
+
+
+def scatter_rows(d0: int, n: int) -> np.ndarray:
+    """Rows each rank receives: as even as possible, the first d0 % n ranks get one more."""
+    return np.array([d0 // n + (r < d0 % n) for r in range(n)], np.int64)
+
+
+def reducescatter(st: Any, work: Work) -> Any:
+    arrays: List[np.ndarray] = work.inputs
+    request, ps = work.request, work.process_set
+    comm = ps._comm
+    op = ReduceOp(request.op)
+    prescale, postscale = request.scale
+    n, me = comm.Get_size(), comm.Get_rank()
+    wdtypes = [dtypes.reduce_dtype(a.dtype) for a in arrays]
+    keys = [a.dtype if a.dtype.kind == "b" else w for a, w in zip(arrays, wdtypes)]
+    out: List[Any] = [None] * len(arrays)
+    for bucket in fusion.plan_buckets(keys, [a.size * w.itemsize for a, w in zip(arrays, wdtypes)],
+                                      st.settings.fusion_threshold):
+        members = [arrays[i] for i in bucket]
+        rows = [scatter_rows(a.shape[0], n) for a in members]
+        row_elems = [int(np.prod(a.shape[1:], dtype=np.int64)) for a in members]
+        counts = sum(rw * re for rw, re in zip(rows, row_elems))
+        wdtype = wdtypes[bucket[0]]
+        total = int(sum(a.size for a in members))
+        send_base = _pool.acquire(wdtype, total)
+        send = send_base[:total]
+        offset = 0
+        starts = [np.concatenate(([0], np.cumsum(rw))) for rw in rows]
+        for r in range(n):  # rank-major: rank r's rows of every member, then rank r+1's
+            for a, s, re in zip(members, starts, row_elems):
+                block = a[s[r]:s[r + 1]]
+                fusion.pack([block], send[offset:offset + block.size], prescale)
+                offset += block.size
+        recv_base = _pool.acquire(wdtype, int(counts[me]))
+        recv = recv_base[:int(counts[me])]
+        st.transport.reduce_scatter(comm, send, recv, counts, _wire_op(members[0].dtype, op),
+                                    True)
+        _scale_in_place(recv, op, postscale, n)
+        out_dtypes = [np.dtype(np.uint8) if a.dtype.kind == "b" else a.dtype for a in members]
+        shapes = [(int(rw[me]),) + a.shape[1:] for a, rw in zip(members, rows)]
+        for i, a, r in zip(bucket, members, fusion.unpack(recv, shapes, out_dtypes, results.empty)):
+            out[i] = r.view(np.bool_) if a.dtype.kind == "b" else r
+        _pool.release(send_base)
+        _pool.release(recv_base)
+    return out[0] if request.kind == "reducescatter" else out
+
+
+def barrier(st: Any, work: Work) -> None:
+    st.transport.barrier(work.process_set._comm, True)
+
+
+def broadcast_object(st: Any, work: Work) -> Any:
+    ps = work.process_set
+    return ps._comm.bcast(work.inputs, root=ps.ranks.index(int(work.request.root)))
+
+
+def allgather_object(st: Any, work: Work) -> List[Any]:
+    return work.process_set._comm.allgather(work.inputs)
+
+
+def call(st: Any, work: Work) -> Any:
+    """Run ``work.inputs`` (a function of no arguments) in the engine: process-set changes."""
+    return work.inputs()
+
+
+RUNNERS: Dict[str, Callable[[Any, Work], Any]] = {
+    "allgather": allgather, "grouped_allgather": allgather, "broadcast": broadcast,
+    "alltoall": alltoall, "reducescatter": reducescatter,
+    "grouped_reducescatter": reducescatter, "barrier": barrier,
+    "broadcast_object": broadcast_object, "allgather_object": allgather_object,
+    "process_set": call,
+}
+
+
+def zeros_for(request: Request) -> List[np.ndarray]:
+    """What a rank that has joined contributes to an all-reduce: zeros of the agreed shape."""
+    if request.kind == "grouped_allreduce":
+        return [np.zeros(s, d) for s, d in zip(request.shape, request.dtype)]
+    return [np.zeros(request.shape, request.dtype)]

@@ -1,0 +1,188 @@
+"""Negotiation: which requests are ready on every rank, matched by name, in any order.
+
+Every round, each rank contributes one fixed-width int64 row and all ranks gather all rows
+(one small ``MPI_Iallgather``): a header (how many new requests it announces, the round it
+joined in, whether it is shutting down) and a bit per entry of the response cache saying
+"I have this one pending". A request seen before with the same metadata is in the cache on
+every rank at the same position (the cache only changes through what every rank sees), so
+in a repeating training step a round costs that one gather. A request not in the cache is
+announced once, in full, through an object allgather in the round it is first submitted; the
+table of announcements is the same on every rank, so a name is complete on every rank in the
+same round, whatever order the ranks submitted in. Complete requests are checked for
+consistency (the same error on every rank, naming ranks and values) and added to the cache.
+
+Everything here is deterministic given the gathered rows and announcements: every rank
+computes the same responses in the same order, which is what lets the engine run them with
+ordinary blocking collectives.
+"""
+import time
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+
+import numpy as np
+
+from ..checks import LocalError, Request, resolve_or_error
+
+Key = Tuple[int, str]  # (process set id, name)
+HEADER = 4  # [announced count, joined-in round or -1, stopping, cache entries]
+
+
+class Announcement(NamedTuple):
+    key: Key
+    request: Request
+    error: Optional[LocalError]
+
+
+class Response(NamedTuple):
+    """A request every (active) member submitted: run it, or raise ``error`` everywhere."""
+
+    key: Key
+    request: Request
+    error: Optional[Exception]
+
+
+class Round(NamedTuple):
+    responses: List[Response]
+    invalidated: Set[Key]  # cache entries dropped: ranks relying on them announce again
+    all_joined: bool
+    last_joined: int  # the rank that joined last (highest rank on ties), -1 if not all joined
+    stop: bool  # every rank asked to shut down
+
+
+class Negotiation:
+    """The state every rank keeps identically: response cache and open announcements."""
+
+    def __init__(self, size: int, capacity: int,
+                 members: Callable[[int], Sequence[int]]) -> None:
+        self.size = size
+        self.capacity = max(64, -(-capacity // 64) * 64)
+        self.words = self.capacity // 64
+        self._members = members
+        self._cache: Dict[Key, Tuple[int, Request]] = {}
+        self._by_position: Dict[int, Key] = {}
+        self._free: List[int] = []
+        self._next = 0
+        self._announced: Dict[Key, Dict[int, Tuple[Request, Optional[LocalError]]]] = {}
+        self.first_seen: Dict[Key, float] = {}  # when a pending name was first seen anywhere
+        self.last_rows: Optional[np.ndarray] = None
+
+    # ------------------------------------------------------------------ this rank's row
+
+    def cached(self, key: Key, request: Request) -> Optional[int]:
+        """The cache position of ``key`` if its cached metadata equals ``request``."""
+        hit = self._cache.get(key)
+        return hit[0] if hit is not None and hit[1] == request else None
+
+    def row(self, bits: np.ndarray, announcing: int, joined_round: int, stop: bool) -> np.ndarray:
+        row = np.empty(HEADER + self.words, np.int64)
+        row[:HEADER] = (announcing, joined_round, int(stop), len(self._cache))
+        row[HEADER:] = bits.view(np.int64)
+        return row
+
+    # ------------------------------------------------------------------ every rank alike
+
+    def decide(self, rows: np.ndarray,
+               announcements: Optional[Sequence[Sequence[Announcement]]]) -> Round:
+        """Turn the gathered rows (and announcement lists, when any rank announced) into this
+        round's responses; the same on every rank."""
+        self.last_rows = rows
+        joined = rows[:, 1] >= 0
+        all_joined = bool(joined.all())
+        invalidated: Set[Key] = set()
+        touched: List[Key] = []
+        now = time.monotonic()
+        for rank, announced in enumerate(announcements or ()):
+            for key, request, error in announced:
+                if key in self._cache:  # announced although cached: the metadata changed
+                    self._evict(key)
+                    invalidated.add(key)
+                table = self._announced.setdefault(key, {})
+                if not table:
+                    touched.append(key)
+                    self.first_seen.setdefault(key, now)
+                elif key not in touched:
+                    touched.append(key)
+                table[rank] = (request, error)
+        responses = self._cached_ready(rows, joined, all_joined)
+        for key in touched:
+            table = self._announced[key]
+            if not all(r in table for r in self._active(key[0], joined)):
+                continue
+            del self._announced[key]
+            self.first_seen.pop(key, None)
+            answers = [table.get(r) for r in self._members(key[0])]
+            request, error = resolve_or_error(answers, key[0] == 0 and bool(joined.any()))
+            if error is None:
+                self._insert(key, request)
+            responses.append(Response(key, request, error))
+        if all_joined:
+            order = rows[:, 1] * self.size + np.arange(self.size)
+            last = int(np.argmax(order))
+        else:
+            last = -1
+        return Round(responses, invalidated, all_joined, last, bool((rows[:, 2] == 1).all()))
+
+    def pending_elsewhere(self, key: Key) -> bool:
+        """Whether some rank has announced ``key`` (used when a rank joins)."""
+        return key in self._announced
+
+    # ------------------------------------------------------------------ internals
+
+    def _active(self, set_id: int, joined: np.ndarray) -> List[int]:
+        members = self._members(set_id)
+        if set_id != 0:
+            return list(members)
+        return [r for r in members if not joined[r]]
+
+    def _cached_ready(self, rows: np.ndarray, joined: np.ndarray,
+                      all_joined: bool) -> List[Response]:
+        if not self._cache or all_joined:
+            return []
+        bits = rows[:, HEADER:].view(np.uint64)
+        sets = {key[0] for key in self._cache}
+        ready = np.zeros(self.words, np.uint64)
+        for set_id in sets:
+            active = self._active(set_id, joined)
+            if not active:
+                continue
+            both = np.bitwise_and.reduce(bits[active], axis=0)
+            if len(sets) > 1:
+                both &= self._mask(set_id)
+            ready |= both
+        out = []
+        for w in np.flatnonzero(ready):
+            word = int(ready[w])
+            while word:
+                low = word & -word
+                position = w * 64 + low.bit_length() - 1
+                word ^= low
+                key = self._by_position[position]
+                out.append(Response(key, self._cache[key][1], None))
+        return out
+
+    def _mask(self, set_id: int) -> np.ndarray:
+        mask = np.zeros(self.words, np.uint64)
+        for key, (position, _) in self._cache.items():
+            if key[0] == set_id:
+                mask[position // 64] |= np.uint64(1 << (position % 64))
+        return mask
+
+    def _insert(self, key: Key, request: Request) -> None:
+        if self._free:
+            position = min(self._free)
+            self._free.remove(position)
+        elif self._next < self.capacity:
+            position, self._next = self._next, self._next + 1
+        else:
+            return  # full: this name keeps being announced in full
+        self._cache[key] = (position, request)
+        self._by_position[position] = key
+
+    def _evict(self, key: Key) -> None:
+        position, _ = self._cache.pop(key)
+        del self._by_position[position]
+        self._free.append(position)
+
+    def forget_set(self, set_id: int) -> None:
+        """Drop a removed process set's cache entries (every rank does it in the same round)."""
+        for key in [k for k in self._cache if k[0] == set_id]:
+            self._evict(key)

@@ -1,0 +1,94 @@
+"""The engine seen from each rank: requests matched by name in any order, async calls that
+return before the peers arrive, repeated names, several threads, changed metadata."""
+import threading
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+
+import hvdlike as hvd
+
+
+def _value(name: str, rank: int) -> np.ndarray:
+    return np.full(5, 10.0 * (sum(map(ord, name)) % 97) + rank, np.float64)
+
+
+def any_order(names: List[str]) -> Dict[str, Any]:
+    """Every rank submits the same named async all-reduces in its own order (rotated by
+    rank, reversed on odd ranks), then waits for them in yet another order."""
+    rank = hvd.rank()
+    k = rank % len(names)
+    order = names[k:] + names[:k]
+    if rank % 2:
+        order = order[::-1]
+    handles = {n: hvd.allreduce_async(_value(n, rank), op=hvd.Sum, name=n) for n in order}
+    gathered = hvd.allgather_async(np.full((rank + 1, 2), rank), name="gather")
+    return dict(order=order, sums={n: handles[n].synchronize().tolist() for n in sorted(names)},
+                gathered=gathered.synchronize()[:, 0].tolist())
+
+
+def async_returns_before_peers(delay: float) -> Dict[str, Any]:
+    """The last rank submits ``delay`` seconds late; the others' handles are not done right
+    after submitting (so submitting did not wait for the peer) and complete correctly."""
+    rank, size = hvd.rank(), hvd.size()
+    if rank == size - 1:
+        time.sleep(delay)
+    handle = hvd.allreduce_async(np.full(3, rank + 1.0), op=hvd.Sum, name="late")
+    done_at_once = handle.poll()
+    return dict(done_at_once=done_at_once, result=handle.synchronize().tolist())
+
+
+def blocking_pairs_with_async() -> List[float]:
+    """A blocking call on one rank and the async form on another share a name: they pair."""
+    x = np.full(2, hvd.rank() + 1.0)
+    if hvd.rank() % 2:
+        return hvd.allreduce_async(x, op=hvd.Sum, name="mixed").synchronize().tolist()
+    return hvd.allreduce(x, op=hvd.Sum, name="mixed").tolist()
+
+
+def repeated_name(times: int) -> List[float]:
+    """One name submitted several times before any is waited for: instance i pairs with
+    instance i on every rank."""
+    rank = hvd.rank()
+    handles = [hvd.allreduce_async(np.array([float(i * 100 + rank)]), op=hvd.Sum, name="step")
+               for i in range(times)]
+    return [h.synchronize()[0] for h in handles]
+
+
+def threads(names: List[str]) -> Dict[str, Any]:
+    """One thread per name makes blocking calls; thread start order depends on the rank."""
+    rank = hvd.rank()
+    out: Dict[str, Any] = {}
+    order = names if rank % 2 == 0 else names[::-1]
+
+    def work(name: str) -> None:
+        out[name] = [hvd.allreduce(_value(name, rank), op=hvd.Sum, name=name).tolist()
+                     for _ in range(3)]
+
+    workers = [threading.Thread(target=work, args=(n,)) for n in order]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(60)
+    return out
+
+
+def metadata_changes() -> List[Any]:
+    """A cached name comes back with another shape, then the old one again: each pairs."""
+    rank = hvd.rank()
+    out = []
+    for n in (3, 3, 5, 3):
+        out.append(hvd.allreduce(np.full(n, rank + 1.0), op=hvd.Sum, name="grad").tolist())
+    return out
+
+
+def grouped_shared_memory_from_many_tensors(sizes: List[int]) -> Dict[str, Any]:
+    """A grouped all-reduce of many tensors, reduced straight from their memory: results equal
+    the per-tensor NumPy sums and the inputs are untouched."""
+    rank = hvd.rank()
+    xs = [np.arange(n, dtype=np.float32) * (rank + 1) for n in sizes]
+    before = [x.copy() for x in xs]
+    got = hvd.grouped_allreduce(xs, op=hvd.Sum, name="many")
+    avg = hvd.grouped_allreduce(xs, op=hvd.Average, name="many-avg")
+    return dict(sum=[g.tolist() for g in got], avg=[a.tolist() for a in avg],
+                inputs_intact=all(np.array_equal(a, b) for a, b in zip(xs, before)))

@@ -1,0 +1,68 @@
+"""The engine matches requests by name in any submission order, returns async handles before
+the peers arrive, and keeps results right under threads, repeats and changed metadata."""
+import numpy as np
+import pytest
+
+from engine_cases import _value
+from mpi_harness import run_mpi
+
+NAMES = ["w0", "w1", "bias", "emb", "head"]
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_requests_submitted_in_different_orders_pair_by_name(np_):
+    results = run_mpi(np_, "engine_cases:any_order", timeout=60, names=NAMES)
+    assert len({tuple(r["order"]) for r in results}) > 1, "the ranks' orders should differ"
+    for rank, r in enumerate(results):
+        for name in NAMES:
+            want = sum(_value(name, q) for q in range(np_)).tolist()
+            assert r["sums"][name] == want, f"rank {rank} {name}"
+        assert r["gathered"] == [q for q in range(np_) for _ in range(q + 1)]
+
+
+def test_async_call_returns_before_the_late_rank_arrives():
+    results = run_mpi(2, "engine_cases:async_returns_before_peers", timeout=60, delay=0.5)
+    assert results[0]["done_at_once"] is False
+    for r in results:
+        assert r["result"] == [3.0, 3.0, 3.0]
+
+
+def test_blocking_and_async_forms_of_one_name_pair_up():
+    for r in run_mpi(2, "engine_cases:blocking_pairs_with_async", timeout=60):
+        assert r == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_a_name_submitted_several_times_pairs_instance_by_instance(np_):
+    base = sum(range(np_))
+    for r in run_mpi(np_, "engine_cases:repeated_name", timeout=60, times=4):
+        assert r == [i * 100 * np_ + base for i in range(4)]
+
+
+def test_threads_submitting_in_rank_dependent_order_get_right_results():
+    results = run_mpi(2, "engine_cases:threads", timeout=60, names=NAMES)
+    for r in results:
+        for name in NAMES:
+            assert r[name] == [(_value(name, 0) + _value(name, 1)).tolist()] * 3
+
+
+def test_a_cached_name_with_new_metadata_is_negotiated_again():
+    for r in run_mpi(2, "engine_cases:metadata_changes", timeout=60):
+        assert r == [[3.0] * 3, [3.0] * 3, [3.0] * 5, [3.0] * 3]
+
+
+@pytest.mark.parametrize("env", [{"HVDLIKE_SHM_THRESHOLD": "0"},
+                                 {"HVDLIKE_SHM_THRESHOLD": "0", "HVDLIKE_SHM_BUFFER": "256"},
+                                 {"HVDLIKE_SHM_BUFFER": "0"}],
+                         ids=["shm", "shm-rounds", "mpi"])
+@pytest.mark.parametrize("np_", [2, 4])
+def test_grouped_allreduce_straight_from_tensor_memory_matches_numpy(np_, env):
+    sizes = [1, 7, 64, 3, 1000, 5, 129]
+    for r in run_mpi(np_, "engine_cases:grouped_shared_memory_from_many_tensors", timeout=60,
+                     env=env, sizes=sizes):
+        total = sum(range(1, np_ + 1))
+        want = [(np.arange(n, dtype=np.float32) * total).tolist() for n in sizes]
+        assert r["sum"] == want
+        assert r["avg"] == [(np.arange(n, dtype=np.float32) * total / np_).astype(np.float32)
+                            .tolist() for n in sizes]
+        assert r["inputs_intact"]
