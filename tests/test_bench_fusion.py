@@ -1,0 +1,35 @@
+"""scripts/bench_fusion.py runs end to end at np=2 (tiny tensors, few steps) and writes its JSON
+and PNG. Speed itself is judged by running the benchmark, never in a test."""
+import json
+import math
+import sys
+
+from mpi_harness import launch, run_script
+
+VARIANTS = {"grouped", "loop", "async_loop", "flat", "raw_flat"}
+
+
+def test_resnet50_shapes_match_keras_counts():
+    # In a separate process: importing the script imports mpi4py.MPI, which initializes MPI.
+    code = ("import sys, math; sys.path.insert(0, 'scripts'); from bench_fusion import "
+            "resnet50_shapes as f; s = f(); "
+            "print(len(s), sum(math.prod(x) for x in s), 'tensorflow' in sys.modules)")
+    job = launch(1, [sys.executable, "-c", code], timeout=60, mpi=False)
+    assert job.returncode == 0 and not job.timed_out, job.output[-3000:]
+    assert job.output.split()[-3:] == ["214", "25583592", "False"], job.output[-3000:]
+
+
+def test_bench_fusion_writes_json_and_png(tmp_path):
+    job = run_script(2, "scripts/bench_fusion.py", "--scale", "0.001", "--repeats", "2",
+                     "--warmup", "1", "--out", str(tmp_path), timeout=120)
+    assert job.returncode == 0 and not job.timed_out, job.output[-5000:]
+    assert "| variant |" in job.output
+    assert "grouped / flat = " in job.output and "loop / grouped = " in job.output
+    data = json.loads((tmp_path / "bench_fusion_np2.json").read_text())
+    assert set(data["results"]) == VARIANTS
+    for r in data["results"].values():
+        assert r["median_s"] > 0 and r["best_s"] > 0 and len(r["times_s"]) == 2
+    meta = data["metadata"]
+    assert meta["np"] == 2 and meta["tensors"] == 214
+    assert meta["elements"] == sum(math.prod(s) for s in meta["shapes"])
+    assert (tmp_path / "bench_fusion_np2.png").stat().st_size > 1000
