@@ -12,7 +12,7 @@
 """
 import dataclasses
 import os
-from typing import Mapping, Optional, Tuple
+from typing import Any, Callable, Mapping, Optional, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,29 +40,28 @@ class Settings:
         )
 
 
-def _int(env: Mapping[str, str], key: str, default: int) -> int:
+def _number(env: Mapping[str, str], key: str, default: Any, parse: Callable[[str], Any],
+            what: str) -> Any:
     raw = env.get(key)
     if raw is None or raw == "":
         return default
     try:
-        value = int(raw)
+        return parse(raw)
     except ValueError:
-        raise ValueError(f"{key}={raw!r} is not an integer number of bytes") from None
+        raise ValueError(f"{key}={raw!r} is not {what}") from None
+
+
+def _int(env: Mapping[str, str], key: str, default: int) -> int:
+    value = _number(env, key, default, int, "an integer number of bytes")
     if value < 0:
-        raise ValueError(f"{key}={raw!r} must be >= 0")
+        raise ValueError(f"{key}={env[key]!r} must be >= 0")
     return value
 
 
 def _float(env: Mapping[str, str], key: str, default: float) -> float:
-    raw = env.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{key}={raw!r} is not a number of milliseconds") from None
+    value = _number(env, key, default, float, "a number of milliseconds")
     if not value > 0 or value > 60_000:
-        raise ValueError(f"{key}={raw!r} must be more than 0 and at most 60000 milliseconds")
+        raise ValueError(f"{key}={env[key]!r} must be more than 0 and at most 60000 milliseconds")
     return value
 
 

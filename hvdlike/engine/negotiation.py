@@ -121,10 +121,6 @@ class Negotiation:
             last = -1
         return Round(responses, invalidated, all_joined, last, bool((rows[:, 2] == 1).all()))
 
-    def pending_elsewhere(self, key: Key) -> bool:
-        """Whether some rank has announced ``key`` (used when a rank joins)."""
-        return key in self._announced
-
     # ------------------------------------------------------------------ internals
 
     def _active(self, set_id: int, joined: np.ndarray) -> List[int]:
