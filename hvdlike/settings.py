@@ -7,6 +7,7 @@
 | HVDLIKE_SHM_BUFFER | 67108864 | bytes one round of that transport reduces (each rank maps about that much shared memory plus 1/size of it); larger all-reduces take several rounds; 0 disables the transport |
 | HVDLIKE_CYCLE_TIME | 1 | milliseconds between the engine's rounds while some rank waits for others (ten times that when all are idle) |
 | HVDLIKE_CACHE_CAPACITY | 1024 | requests (name + metadata) the engine remembers, so that a repeated one is negotiated with one bit |
+| HVDLIKE_OVERLAP | 1 | in a compiled train step, each gradient goes to the engine as soon as backprop has computed it (0: all of them together after the backward pass) |
 | HVDLIKE_ABORT_ON_EXCEPTION | 1 | an uncaught exception on any rank aborts the whole job |
 | HVDLIKE_NODE_NAMES | (unset) | comma-separated node name per world rank, overriding MPI's topology |
 """
@@ -22,6 +23,7 @@ class Settings:
     shm_buffer: int = 64 * 1024 * 1024
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
+    overlap: bool = True
     abort_on_exception: bool = True
     node_names: Optional[Tuple[str, ...]] = None
 
@@ -35,6 +37,7 @@ class Settings:
             shm_buffer=_int(env, "HVDLIKE_SHM_BUFFER", cls.shm_buffer),
             cycle_time_ms=_float(env, "HVDLIKE_CYCLE_TIME", cls.cycle_time_ms),
             cache_capacity=_int(env, "HVDLIKE_CACHE_CAPACITY", cls.cache_capacity),
+            overlap=_bool(env, "HVDLIKE_OVERLAP", cls.overlap),
             abort_on_exception=_bool(env, "HVDLIKE_ABORT_ON_EXCEPTION", cls.abort_on_exception),
             node_names=tuple(n.strip() for n in names.split(",")) if names else None,
         )

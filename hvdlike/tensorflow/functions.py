@@ -7,24 +7,29 @@ import hvdlike as _core
 from hvdlike.tensorflow import ops as _ops
 
 
-def _fused_broadcast_np(root_rank, process_set):
-    """NumPy function: broadcast many arrays with one core call per dtype."""
-    def np_fn(_op_name, *arrays):
+def _fused_broadcast(root_rank, process_set):
+    """Submit function for ``ops._run``: broadcast many arrays, one request per dtype."""
+    def submit(_op_name, *arrays):
         by_dtype = {}
         for i, a in enumerate(arrays):
             by_dtype.setdefault(np.dtype(a.dtype), []).append(i)
-        out = [None] * len(arrays)
+        pending = []
         for dt, idx in sorted(by_dtype.items(), key=lambda kv: kv[0].str):
-            flat = np.concatenate([np.ravel(arrays[i]) for i in idx]) if idx else None
-            flat = _core.broadcast(flat, root_rank, name=f"broadcast_variables/{dt.str}",
-                                   process_set=process_set)
-            off = 0
-            for i in idx:
-                n = arrays[i].size
-                out[i] = flat[off:off + n].reshape(arrays[i].shape)
-                off += n
-        return out
-    return np_fn
+            flat = np.concatenate([np.ravel(arrays[i]) for i in idx])
+            pending.append((idx, _core.broadcast_async(
+                flat, root_rank, name=f"broadcast_variables/{dt.str}", process_set=process_set)))
+
+        def wait():
+            out = [None] * len(arrays)
+            for idx, handle in pending:
+                flat, off = handle.synchronize(), 0
+                for i in idx:
+                    n = arrays[i].size
+                    out[i] = flat[off:off + n].reshape(arrays[i].shape)
+                    off += n
+            return out
+        return wait
+    return submit
 
 
 def broadcast_variables(variables, root_rank, process_set=_core.global_process_set,
@@ -45,7 +50,7 @@ def broadcast_variables(variables, root_rank, process_set=_core.global_process_s
                             f"{getattr(v, 'name', '?')!r} has dtype {tf.as_dtype(v.dtype).name},"
                             " which cannot be broadcast; use broadcast_object for it.")
     values = [tf.convert_to_tensor(v) for v in variables]
-    outs = _ops._run("broadcast_variables", _fused_broadcast_np(root_rank, process_set),
+    outs = _ops._run("broadcast_variables", _fused_broadcast(root_rank, process_set),
                      values, [t.dtype for t in values], [t.shape for t in values])
     assigns = [v.assign(o) for v, o in zip(variables, outs)]
     if tf.compat.v1.executing_eagerly_outside_functions():

@@ -1,16 +1,47 @@
-"""Reducing a list of gradients: shared by DistributedGradientTape and DistributedOptimizer.
+"""Reducing a list of gradients: shared by DistributedGradientTape, DistributedOptimizer and
+MPIStrategy.
 
-All dense gradients of one call go through one fused grouped allreduce per group
-(one group by default).  ``None`` gradients stay ``None``.  ``tf.IndexedSlices`` are
-allgathered (values and indices) unless ``sparse_as_dense=True``.
+Eagerly, all dense gradients of one call go through one fused grouped allreduce per group
+(one group by default).  In a graph (a compiled train step) each gradient is its own request,
+submitted as soon as backprop has computed it, so communication overlaps the rest of the
+backward pass (see :func:`allreduce_gradients`).  ``None`` gradients stay ``None``.
+``tf.IndexedSlices`` are allgathered (values and indices) unless ``sparse_as_dense=True``.
 """
+from typing import Any, List, Optional
+
 import tensorflow as tf
 
 import hvdlike as _core
+from hvdlike import runtime as _runtime
 from hvdlike import Average, Sum, ReduceOp
 
 from hvdlike.tensorflow import ops as _ops
 from hvdlike.tensorflow.compression import Compression
+
+
+def overlap_enabled() -> bool:
+    """``HVDLIKE_OVERLAP`` (on by default), as read by ``hvd.init()``."""
+    return _runtime.state("overlapping gradient reduction").settings.overlap
+
+
+def allreduce_gradients(tensors: List[Any], name: Optional[str],
+                        process_set: _core.ProcessSet, **kwargs: Any) -> List[Any]:
+    """Allreduce a step's gradients (dense tensors or IndexedSlices); ``kwargs`` as for
+    :func:`hvdlike.tensorflow.grouped_allreduce`.
+
+    Eagerly every gradient exists already: one fused grouped call.  In a graph with
+    ``HVDLIKE_OVERLAP`` on, one request per gradient, built last to first: backprop produces
+    them in that order and TensorFlow runs the (chained) submit ops in build order, so each
+    gradient goes to the engine as soon as it exists and the engine fuses whatever is ready
+    together; only the wait ops, which the optimizer's update reads, block.
+    """
+    if tf.executing_eagerly() or not overlap_enabled():
+        return _ops.grouped_allreduce(tensors, name=name, process_set=process_set, **kwargs)
+    out = [None] * len(tensors)
+    for i in reversed(range(len(tensors))):
+        out[i] = _ops.allreduce(tensors[i], name=None if name is None else f"{name}/{i}",
+                                process_set=process_set, **kwargs)
+    return out
 
 
 class GradientReducer:
@@ -112,10 +143,14 @@ class GradientReducer:
         idx = [i for i, g in enumerate(grads) if g is not None]
         if not idx:
             return out
-        for gi, part in enumerate(self._partition(idx, variables)):
+        parts = self._partition(idx, variables)
+        # last group first: in a graph, its gradients are the first that backprop produces
+        for gi, part in reversed(list(enumerate(parts))):
             name = None if self.name is None else f"{self.name}/group{gi}"
+            grouped = self.groups is not None or self.num_groups > 1
+            reduce_fn = _ops.grouped_allreduce if grouped else allreduce_gradients
             try:
-                reduced = _ops.grouped_allreduce(
+                reduced = reduce_fn(
                     [grads[i] for i in part], op=op, prescale_factor=pre,
                     postscale_factor=post, compression=self.compression, name=name,
                     process_set=self.process_set, sparse_as_dense=self.sparse_as_dense)

@@ -1,8 +1,9 @@
 """Collectives on TensorFlow values, with gradients.
 
-Every collective has ONE implementation: a function on NumPy arrays that calls the
-hvdlike core.  It is run directly in eager mode, and through ``tf.numpy_function``
-inside ``tf.function`` (Keras ``fit`` compiles its train step).  Shapes are set
+Every collective has ONE implementation: a function on NumPy arrays that submits a request
+to the hvdlike engine and returns how to wait for it.  Eager mode calls it and waits at once;
+in a graph (``tf.function``, as Keras ``fit`` compiles its train step, or a v1 graph) it is
+a submit op and a wait op, both ``tf.numpy_function`` (see :func:`_run`).  Shapes are set
 statically on the graph outputs wherever they are known.
 
 Requests pair across ranks by name (an explicit ``name=``, or in a graph the op's name;
@@ -10,6 +11,8 @@ unnamed eager calls pair in call order), in whatever order each rank runs them; 
 with mismatched metadata (dtype, shape, op, root) raises ``hvdlike.CollectiveMismatchError``
 on every rank.
 """
+import itertools
+
 import numpy as np
 import tensorflow as tf
 
@@ -77,32 +80,64 @@ def _ps_rank(process_set):
     return process_set.rank()
 
 
-def _run(what, np_fn, inputs, out_dtypes, out_shapes):
-    """Run ``np_fn(op_name, *numpy_inputs) -> list[np.ndarray]`` on TF tensors.
+_PENDING = {}  # key -> wait function of a request submitted by a graph op
+_KEYS = itertools.count()
 
-    Eager: a direct call (``op_name`` None: an unnamed request pairs in call order).  Graph:
-    one stateful tf.numpy_function whose graph op name is passed as ``op_name``: the same on
-    every rank that built the same graph, so unnamed collectives of one graph pair up by
-    name whatever order TensorFlow runs them in (as Horovod's ops do).
+
+def _run(what, submit, inputs, out_dtypes, out_shapes):
+    """Run a collective on TF tensors: ``submit(op_name, *numpy_inputs)`` hands the request
+    to the engine and returns a function that waits and returns the outputs (a list).
+
+    Eager: submit and wait at once (``op_name`` None: an unnamed request pairs in call order).
+    Graph: two ops.  A stateful submit op passes its own graph op name as ``op_name`` (the same
+    on every rank that built the same graph, so unnamed collectives pair up by name, as
+    Horovod's ops do) and returns at once; a stateless wait op returns the result.  Under
+    ``tf.function`` the automatic control dependencies chain stateful ops in program order,
+    so only the submits are chained: ranks that build independent collectives in different
+    orders still submit all of them before any wait blocks, and a submit runs as soon as its
+    inputs exist (gradients go to the engine while backprop goes on).
     """
     if tf.executing_eagerly():
         # np.asarray shares a CPU tensor's memory (t.numpy() would copy it); the core only reads it
-        outs = np_fn(None, *[np.asarray(t) for t in inputs])
+        outs = submit(None, *[np.asarray(t) for t in inputs])()
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
     _check_not_xla(what)
     op_name = []  # set once the op exists
 
-    def _graph_fn(*arrays):
-        outs = np_fn(op_name[0], *arrays)
+    def _submit_fn(*arrays):
+        # the arrays keep TF's input buffers alive (and unwritten) until the engine is done
+        key = next(_KEYS)
+        _PENDING[key] = submit(op_name[0], *arrays)
+        return np.int64(key)
+
+    def _wait_fn(key):
+        outs = _PENDING.pop(int(key))()
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, out_dtypes)]
 
-    outs = tf.numpy_function(_graph_fn, list(inputs), list(out_dtypes), stateful=True,
-                             name="Hvdlike" + "".join(p.title() for p in what.split("_")))
+    base = "Hvdlike" + "".join(p.title() for p in what.split("_"))
+    key = tf.numpy_function(_submit_fn, list(inputs), tf.int64, stateful=True, name=base)
+    op_name.append(key.op.name)
+    outs = tf.numpy_function(_wait_fn, [key], list(out_dtypes), stateful=False,
+                             name=base + "Wait")
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    op_name.append(outs[0].op.name if outs else None)
     for o, s in zip(outs, out_shapes):
         o.set_shape(s)
     return outs
+
+
+def _done(*outs):
+    """A submit's wait function for outputs that are already there."""
+    return lambda: list(outs)
+
+
+def _one(handle):
+    """A submit's wait function for a handle whose result is one array."""
+    return lambda: [handle.synchronize()]
+
+
+def _many(handle):
+    """A submit's wait function for a handle whose result is a list or tuple of arrays."""
+    return lambda: list(handle.synchronize())
 
 
 def _normalize_op(op, average, what):
@@ -118,17 +153,15 @@ def _normalize_op(op, average, what):
 
 def _allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process_set):
     """Allreduce a list of dense tensors in ONE fused core call."""
-    def np_fn(op_name, *arrays):
+    def submit(op_name, *arrays):
+        kw = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                  name=name or op_name, process_set=process_set)
         if len(arrays) == 1:
-            return [_core.allreduce(arrays[0], op=op, prescale_factor=prescale_factor,
-                                    postscale_factor=postscale_factor, name=name or op_name,
-                                    process_set=process_set)]
-        return _core.grouped_allreduce(list(arrays), op=op, prescale_factor=prescale_factor,
-                                       postscale_factor=postscale_factor, name=name or op_name,
-                                       process_set=process_set)
+            return _one(_core.allreduce_async(arrays[0], **kw))
+        return _many(_core.grouped_allreduce_async(list(arrays), **kw))
     if not tensors:
         return []
-    return _run("allreduce", np_fn, tensors, [t.dtype for t in tensors],
+    return _run("allreduce", submit, tensors, [t.dtype for t in tensors],
                 [t.shape for t in tensors])
 
 
@@ -254,12 +287,13 @@ def _gathered_shape(shape, process_set):
 
 
 def _allgather_raw(tensors, name, process_set):
-    def np_fn(op_name, *arrays):
+    def submit(op_name, *arrays):
         if len(arrays) == 1:
-            return [_core.allgather(arrays[0], name=name or op_name, process_set=process_set)]
-        return _core.grouped_allgather(list(arrays), name=name or op_name,
-                                       process_set=process_set)
-    return _run("allgather", np_fn, tensors, [t.dtype for t in tensors],
+            return _one(_core.allgather_async(arrays[0], name=name or op_name,
+                                              process_set=process_set))
+        return _many(_core.grouped_allgather_async(list(arrays), name=name or op_name,
+                                                   process_set=process_set))
+    return _run("allgather", submit, tensors, [t.dtype for t in tensors],
                 [_gathered_shape(t.shape, process_set) for t in tensors])
 
 
@@ -316,9 +350,10 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 # --------------------------------------------------------------------------- broadcast
 
 def _broadcast_raw(tensor, root_rank, name, process_set):
-    def np_fn(op_name, a):
-        return [_core.broadcast(a, root_rank, name=name or op_name, process_set=process_set)]
-    return _run("broadcast", np_fn, [tensor], [tensor.dtype], [tensor.shape])[0]
+    def submit(op_name, a):
+        return _one(_core.broadcast_async(a, root_rank, name=name or op_name,
+                                          process_set=process_set))
+    return _run("broadcast", submit, [tensor], [tensor.dtype], [tensor.shape])[0]
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set,
@@ -350,15 +385,19 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set,
 def _alltoall_raw(tensor, splits, name, process_set):
     n = _ps_size(process_set)
 
-    def np_fn(op_name, a, s=None):
-        out, received = _core.alltoall(a, splits=s, name=name or op_name,
-                                       process_set=process_set)
-        return [out, np.asarray(received, dtype=np.int64)]
+    def submit(op_name, a, s=None):
+        handle = _core.alltoall_async(a, splits=s, name=name or op_name,
+                                      process_set=process_set)
+
+        def wait():
+            out, received = handle.synchronize()
+            return [out, np.asarray(received, dtype=np.int64)]
+        return wait
     shape = tensor.shape
     out_shape = (tf.TensorShape([None] + shape.as_list()[1:]) if shape.rank
                  else tf.TensorShape(None))
     inputs = [tensor] if splits is None else [tensor, splits]
-    return _run("alltoall", np_fn, inputs, [tensor.dtype, tf.int64],
+    return _run("alltoall", submit, inputs, [tensor.dtype, tf.int64],
                 [out_shape, tf.TensorShape([n])])
 
 
@@ -400,13 +439,13 @@ def _scattered_shape(shape, process_set):
 
 
 def _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name, process_set):
-    def np_fn(op_name, *arrays):
+    def submit(op_name, *arrays):
         kw = dict(op=op, name=name or op_name, process_set=process_set,
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor)
         if len(arrays) == 1:
-            return [_core.reducescatter(arrays[0], **kw)]
-        return _core.grouped_reducescatter(list(arrays), **kw)
-    return _run("reducescatter", np_fn, tensors, [t.dtype for t in tensors],
+            return _one(_core.reducescatter_async(arrays[0], **kw))
+        return _many(_core.grouped_reducescatter_async(list(arrays), **kw))
+    return _run("reducescatter", submit, tensors, [t.dtype for t in tensors],
                 [_scattered_shape(t.shape, process_set) for t in tensors])
 
 
@@ -475,16 +514,17 @@ def join():
     Returns (as an int32 scalar tensor) the rank that joined last.  Until then, this
     rank contributes zeros to allreduces issued by the ranks still training.
     """
-    return _run("join", lambda _: [np.asarray(_core.join(), np.int32)], [], [tf.int32],
+    # the stateful submit op does the blocking call: it runs even if nobody reads the result
+    return _run("join", lambda _: _done(np.asarray(_core.join(), np.int32)), [], [tf.int32],
                 [tf.TensorShape([])])[0]
 
 
 def barrier(process_set=global_process_set):
     """Block until every rank of ``process_set`` reaches the barrier."""
-    def np_fn(_):
-        _core.barrier(process_set=process_set)
-        return [np.asarray(True)]
-    return _run("barrier", np_fn, [], [tf.bool], [tf.TensorShape([])])[0]
+    def submit(_):
+        _core.barrier(process_set=process_set)  # in the stateful op, as for join
+        return _done(np.asarray(True))
+    return _run("barrier", submit, [], [tf.bool], [tf.TensorShape([])])[0]
 
 
 def _int_op(value, name):

@@ -10,9 +10,9 @@ Keras treats it as multi-worker: global logs, ``predict`` gathered from all rank
 internals are ``MirroredStrategy``'s over this process's device(s) (one GPU per process,
 chosen by local rank, or the CPU) with :class:`MPICrossDeviceOps` as its
 ``tf.distribute.CrossDeviceOps``; TF's gRPC collective runtime is never started.  Values
-are first summed over the process's local replicas and then reduced across ranks with ONE
-fused hvdlike grouped allreduce per ``batch_reduce`` (run through ``tf.numpy_function``
-inside ``tf.function``).  The strategy's extended object reports the global picture the way
+are first summed over the process's local replicas and then reduced across ranks by the
+hvdlike engine: one fused call per ``batch_reduce`` eagerly, one request per value inside
+``tf.function`` so that they overlap backprop.  The strategy's extended object reports the global picture the way
 ``MultiWorkerMirroredStrategy`` does: ``num_replicas_in_sync`` = replicas per process x
 ranks, global replica ids (rank-major), per-rank dataset sharding and splitting of the
 global batch, initial variable values broadcast from rank 0, chief-only checkpointing,
@@ -43,6 +43,7 @@ from hvdlike import Sum, global_process_set
 
 from hvdlike.tensorflow import ops as _ops
 from hvdlike.tensorflow.compression import Compression
+from hvdlike.tensorflow.gradients import allreduce_gradients
 
 _SUM = tf.distribute.ReduceOp.SUM
 _MEAN = tf.distribute.ReduceOp.MEAN
@@ -68,8 +69,9 @@ class MPICrossDeviceOps(tf.distribute.CrossDeviceOps):
     """``tf.distribute.CrossDeviceOps`` that reduces across MPI ranks with hvdlike.
 
     ``reduce``/``batch_reduce``: sum each value over this process's local replicas, then
-    one fused hvdlike grouped allreduce (Sum) over the ranks of ``process_set`` for all
-    dense values of the call; ``MEAN`` divides by the global number of replicas.
+    hvdlike allreduce (Sum) over the ranks of ``process_set`` for the values of the call (one
+    fused call eagerly; one request per value in a compiled step, so that they overlap
+    backprop: see ``gradients.allreduce_gradients``); ``MEAN`` divides by the global number of replicas.
     ``tf.IndexedSlices`` are allgathered (values and indices).  The result is a
     ``Mirrored`` value on ``destinations``.  ``gather`` concatenates the replicas of all
     ranks in global replica order (rank-major).  Every rank must make the same calls in
@@ -99,11 +101,11 @@ class MPICrossDeviceOps(tf.distribute.CrossDeviceOps):
         return 1.0 / (len(per_replica.values) * self._process_set.size())
 
     def _mpi_sum(self, tensors, name):
-        """Sum a list of dense tensors / IndexedSlices over the ranks: one fused call."""
+        """Sum a list of dense tensors / IndexedSlices over the ranks."""
         if self._process_set.size() == 1:
             return list(tensors)
-        return _ops.grouped_allreduce(list(tensors), op=Sum, compression=self._compression,
-                                      name=name, process_set=self._process_set)
+        return allreduce_gradients(list(tensors), name, self._process_set, op=Sum,
+                                   compression=self._compression)
 
     @staticmethod
     def _divide(t, scale):

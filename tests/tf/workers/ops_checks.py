@@ -317,4 +317,30 @@ def _():
     assert_close(got[k], np.concatenate([x_of(q, shape=(1, 2)) for q in range(n)]))
 
 
+@check("named_collectives_built_in_rank_dependent_order_in_tf_function")
+def _():
+    """A tf.function in which each rank builds its named collectives in another order (rank 0
+    a, b, c; rank 1 c, b, a): automatic control dependencies run them in that order, and
+    they still pair by name with the right results (no deadlock, no mismatch)."""
+    shapes = {"a": (3,), "b": (2, 2), "c": (5,)}
+    order = sorted(shapes) if r % 2 == 0 else sorted(shapes, reverse=True)
+
+    @tf.function
+    def step():
+        out = {}
+        for key in order:
+            x = tf.constant(x_of(r, shape=shapes[key]))
+            if key == "b":
+                out[key] = hvd.allgather(x, name="order/" + key)
+            else:
+                out[key] = hvd.allreduce(x, op=hvd.Sum, name="order/" + key)
+        return out
+
+    for _ in range(2):  # the second call is negotiated from the response cache
+        got = step()
+        for key in ("a", "c"):
+            assert_close(got[key], np.sum([x_of(q, shape=shapes[key]) for q in range(n)], axis=0))
+        assert_close(got["b"], np.concatenate([x_of(q, shape=shapes["b"]) for q in range(n)]))
+
+
 close()
