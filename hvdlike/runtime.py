@@ -14,6 +14,7 @@ from typing import Any, List, Optional, Sequence
 
 from . import process_sets as _ps
 from .errors import NotInitializedError
+from . import timeline
 from .settings import Settings
 
 
@@ -86,6 +87,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     _ps.global_process_set._bind(0, list(range(size)), world)
     from .engine import Engine
     _state.engine = Engine(_state)
+    if settings.timeline:
+        timeline.start_timeline(settings.timeline, settings.timeline_mark_cycles)
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered.append(True)
@@ -168,6 +171,7 @@ def shutdown() -> None:
     if st is None:
         return
     st.engine.stop()
+    timeline.stop_timeline()
     _ps._release_all()
     for comm in (st.cross_comm, st.local_comm, st.world):
         comm.Free()

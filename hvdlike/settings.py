@@ -8,6 +8,8 @@
 | HVDLIKE_CYCLE_TIME | 1 | milliseconds between the engine's rounds while some rank waits for others (ten times that when all are idle) |
 | HVDLIKE_CACHE_CAPACITY | 1024 | requests (name + metadata) the engine remembers, so that a repeated one is negotiated with one bit |
 | HVDLIKE_OVERLAP | 1 | in a compiled train step, each gradient goes to the engine as soon as backprop has computed it (0: all of them together after the backward pass) |
+| HVDLIKE_TIMELINE | (unset) | write each rank's timeline (Chrome trace JSON) to this path, with `.rank<r>` before the extension |
+| HVDLIKE_TIMELINE_MARK_CYCLES | 0 | mark every engine round that ran something in the timeline |
 | HVDLIKE_ABORT_ON_EXCEPTION | 1 | an uncaught exception on any rank aborts the whole job |
 | HVDLIKE_NODE_NAMES | (unset) | comma-separated node name per world rank, overriding MPI's topology |
 """
@@ -24,6 +26,8 @@ class Settings:
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
     overlap: bool = True
+    timeline: Optional[str] = None
+    timeline_mark_cycles: bool = False
     abort_on_exception: bool = True
     node_names: Optional[Tuple[str, ...]] = None
 
@@ -38,6 +42,9 @@ class Settings:
             cycle_time_ms=_float(env, "HVDLIKE_CYCLE_TIME", cls.cycle_time_ms),
             cache_capacity=_int(env, "HVDLIKE_CACHE_CAPACITY", cls.cache_capacity),
             overlap=_bool(env, "HVDLIKE_OVERLAP", cls.overlap),
+            timeline=env.get("HVDLIKE_TIMELINE") or None,
+            timeline_mark_cycles=_bool(env, "HVDLIKE_TIMELINE_MARK_CYCLES",
+                                       cls.timeline_mark_cycles),
             abort_on_exception=_bool(env, "HVDLIKE_ABORT_ON_EXCEPTION", cls.abort_on_exception),
             node_names=tuple(n.strip() for n in names.split(",")) if names else None,
         )

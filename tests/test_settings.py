@@ -21,10 +21,19 @@ def test_values_are_parsed():
     assert (s.shm_threshold, s.shm_buffer) == (0, 4096)
 
 
+def test_overlap_and_timeline_settings():
+    assert (Settings().overlap, Settings().timeline, Settings().timeline_mark_cycles) == (
+        True, None, False)
+    s = Settings.from_env({"HVDLIKE_OVERLAP": "0", "HVDLIKE_TIMELINE": "/tmp/t.json",
+                           "HVDLIKE_TIMELINE_MARK_CYCLES": "yes"})
+    assert (s.overlap, s.timeline, s.timeline_mark_cycles) == (False, "/tmp/t.json", True)
+
+
 @pytest.mark.parametrize("key,value,words", [
     ("HVDLIKE_FUSION_THRESHOLD", "64MB", "not an integer"),
     ("HVDLIKE_FUSION_THRESHOLD", "-1", "must be >= 0"),
     ("HVDLIKE_ABORT_ON_EXCEPTION", "maybe", "not a boolean"),
+    ("HVDLIKE_OVERLAP", "sometimes", "not a boolean"),
     ("HVDLIKE_CYCLE_TIME", "fast", "not a number of milliseconds"),
     ("HVDLIKE_CYCLE_TIME", "0", "more than 0"),
     ("HVDLIKE_SHM_BUFFER", "-5", "must be >= 0"),

@@ -25,6 +25,7 @@ from typing import Any, Deque, Dict, List, Optional
 import numpy as np
 
 from .. import process_sets as _ps
+from .. import timeline
 from ..checks import LocalError, Request, raised_on_every_rank
 from ..handles import Handle
 from . import execute
@@ -40,7 +41,7 @@ class Entry:
     """A request this rank submitted, until its response has run."""
 
     __slots__ = ("key", "request", "error", "inputs", "process_set", "handle", "position",
-                 "announced")
+                 "announced", "submitted", "carried", "negotiated")
 
     def __init__(self, request: Request, error: Optional[LocalError], inputs: Any,
                  process_set: Any, handle: Handle) -> None:
@@ -49,6 +50,9 @@ class Entry:
         self.process_set, self.handle = process_set, handle
         self.position: Optional[int] = None  # cache position whose bit this entry sets
         self.announced = False
+        # perf_counter times: submitted; start and end of the first round that carried it
+        self.submitted = time.perf_counter()
+        self.carried = self.negotiated = 0.0
 
 
 class Engine:
@@ -172,7 +176,9 @@ class Engine:
             sys.stderr.flush()
             self._st.mpi.COMM_WORLD.Abort(1)
 
-    def _take_queue(self) -> List[Announcement]:
+    def _take_queue(self, now: float, fresh: List[Entry]) -> List[Announcement]:
+        """Move the queue into the pending requests; returns what to announce and adds the
+        requests this round carries for the first time to ``fresh``."""
         with self._cv:
             new, self._queue = self._queue, []
         for entry in new:
@@ -193,6 +199,9 @@ class Engine:
             else:
                 entry.position = position
                 self._bits[position // 64] |= np.uint64(1 << (position % 64))
+            if not entry.carried:
+                entry.carried = now
+                fresh.append(entry)
         return announce
 
     def _exchange(self, row: np.ndarray) -> np.ndarray:
@@ -209,12 +218,16 @@ class Engine:
         return rows
 
     def _negotiate_and_run(self) -> None:
-        announce = self._take_queue()
+        fresh: List[Entry] = []
+        announce = self._take_queue(time.perf_counter(), fresh)
         stopping = self._stopping
         row = self._neg.row(self._bits, len(announce), self._joined_round, stopping)
         rows = self._exchange(row)
         lists = self._ctrl.allgather(announce) if rows[:, 0].any() else None
         decision = self._neg.decide(rows, lists)
+        now = time.perf_counter()
+        for entry in fresh:
+            entry.negotiated = now
         self._round_no += 1
         self._last_round = time.monotonic()
         self._busy = bool(rows[:, 0].any() or rows[:, HEADER:].any() or (rows[:, 1] >= 0).any())
@@ -225,7 +238,7 @@ class Engine:
                 entry.announced = False
         self._productive = bool(decision.responses)
         self._stuck = not self._productive and self._everyone_waits(rows)
-        self._run_responses(decision.responses)
+        self._run_responses(decision.responses, now)
         if decision.all_joined and self._join_entry is not None:
             entry, self._join_entry, self._joined_round = self._join_entry, None, -1
             entry.handle._complete(decision.last_joined, None)
@@ -238,10 +251,13 @@ class Engine:
         waiting = (rows[:, 0] > 0) | (rows[:, 1] >= 0) | rows[:, HEADER:].any(axis=1)
         return bool(waiting.all())
 
-    def _run_responses(self, responses: List[Any]) -> None:
+    def _run_responses(self, responses: List[Any], ready: float) -> None:
         me = self._st.rank
+        tl = timeline.current
         reductions: List[Work] = []
         others: List[Work] = []
+        if tl is not None and tl.mark_cycles and responses:
+            tl.instant("engine", "CYCLE", ready)
         for response in responses:
             ps = _ps._registry.get(response.key[0])
             if ps is None or me not in ps.ranks:
@@ -249,6 +265,8 @@ class Engine:
             entry = self._pending.get(response.key)
             if entry is not None:
                 self._retire(entry)
+                if tl is not None:
+                    _trace_negotiation(tl, entry, ready)
             if response.error is not None:
                 error = raised_on_every_rank(response.error, ps.rank())
                 if entry is not None:
@@ -265,9 +283,23 @@ class Engine:
                 work = Work(response.request, entry.inputs, ps, entry.handle._succeed)
             (reductions if response.request.kind in ALLREDUCES else others).append(work)
         if reductions:
-            self._guarded(lambda: execute.run_allreduces(self._st, reductions), reductions)
+            trace = None
+            if tl is not None:
+                def trace(members: List[int], phases: Any, args: Dict[str, Any]) -> None:
+                    args = dict(args, round=self._round_no,
+                                members=[reductions[m].request.name for m in members[:8]])
+                    for m in members:
+                        row = _row_name(reductions[m].process_set, reductions[m].request.name)
+                        for phase, start, end in phases:
+                            tl.span(row, phase, start, end, args)
+            self._guarded(lambda: execute.run_allreduces(self._st, reductions, trace),
+                          reductions)
         for work in others:
+            start = time.perf_counter()
             self._guarded(lambda: work.done(RUNNERS[work.request.kind](self._st, work)), [work])
+            if tl is not None:
+                tl.span(_row_name(work.process_set, work.request.name or ""),
+                        "MPI_" + work.request.kind.upper(), start, time.perf_counter())
 
     def _count_unnamed(self, key: Key) -> None:
         """A joined rank served another rank's unnamed request ``noname.k``: its own next
@@ -320,3 +352,19 @@ class Engine:
 
 def _discard(result: Any) -> None:
     return None
+
+
+def _row_name(process_set: Any, name: str) -> str:
+    set_id = process_set.process_set_id
+    return name if set_id == 0 else f"{name} (process set {set_id})"
+
+
+def _trace_negotiation(tl: Any, entry: Entry, ready: float) -> None:
+    """The timeline phases of a request from its submission to the round that found it
+    ready on every rank."""
+    row = _row_name(entry.process_set, entry.request.name or "")
+    tl.span(row, "QUEUED", entry.submitted, entry.carried)
+    tl.span(row, "NEGOTIATE", entry.carried, entry.negotiated,
+            {"kind": entry.request.kind})
+    if ready > entry.negotiated:
+        tl.span(row, "WAIT_FOR_RANKS", entry.negotiated, ready)

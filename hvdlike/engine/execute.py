@@ -8,6 +8,7 @@ tensor: from its memory into the result; several: packed into a reused fusion bu
 other collectives run one response at a time.
 """
 import functools
+import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -78,26 +79,54 @@ def fusion_key(work: Work, i: int) -> Tuple[Any, ...]:
     return (id(work.process_set), r.op, r.scale, a.dtype if a.dtype.kind == "b" else wdtype)
 
 
-def run_allreduces(st: Any, works: Sequence[Work]) -> None:
-    """Run every all-reduce response of a round, fused into buckets by bytes."""
+Phases = Optional[List[Tuple[str, float, float]]]  # (name, start, end) for the timeline
+
+
+def run_allreduces(st: Any, works: Sequence[Work],
+                   trace: Optional[Callable[[List[int], Phases, Dict[str, Any]], None]] = None
+                   ) -> None:
+    """Run every all-reduce response of a round, fused into buckets by bytes. ``trace``
+    (the timeline) gets each bucket's members (indices into ``works``), phases and sizes."""
     tensors: List[Tuple[int, int]] = [(w, i) for w, work in enumerate(works)
                                       for i in range(len(work.inputs))]
     keys = [fusion_key(works[w], i) for w, i in tensors]
     sizes = [works[w].inputs[i].size * dtypes.reduce_dtype(works[w].inputs[i].dtype).itemsize
              for w, i in tensors]
     outs: List[List[Any]] = [[None] * len(work.inputs) for work in works]
-    for bucket in fusion.plan_buckets(keys, sizes, st.settings.fusion_threshold):
+    for number, bucket in enumerate(fusion.plan_buckets(keys, sizes,
+                                                        st.settings.fusion_threshold)):
         members = [tensors[b] for b in bucket]
+        phases: Phases = [] if trace is not None else None
         reduced = _allreduce_bucket(st, works[members[0][0]],
-                                    [works[w].inputs[i] for w, i in members])
+                                    [works[w].inputs[i] for w, i in members], phases)
         for (w, i), r in zip(members, reduced):
             outs[w][i] = r
+        if trace is not None:
+            trace(sorted({w for w, _ in members}), phases,
+                  {"bucket": number, "tensors": len(members),
+                   "bytes": int(sum(sizes[b] for b in bucket))})
     for work, out in zip(works, outs):
         work.done(out if work.request.kind == "grouped_allreduce" else out[0])
 
 
-def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray]) -> List[np.ndarray]:
+class _Clock:
+    """Collects a bucket's phases for the timeline (does nothing when there is none)."""
+
+    def __init__(self, phases: Phases) -> None:
+        self.phases = phases
+        self.last = time.perf_counter() if phases is not None else 0.0
+
+    def done(self, name: str) -> None:
+        if self.phases is not None:
+            now = time.perf_counter()
+            self.phases.append((name, self.last, now))
+            self.last = now
+
+
+def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray],
+                      phases: Phases = None) -> List[np.ndarray]:
     """All-reduce arrays sharing op, factors and reduction dtype; returns new arrays."""
+    clock = _Clock(phases)
     request, ps = first.request, first.process_set
     op = ReduceOp(request.op)
     prescale, postscale = request.scale
@@ -117,30 +146,39 @@ def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray]) -> List[np
             buf = results.empty(a.shape, work)
             fusion.pack([a], buf.reshape(-1), prescale)
             sends.append(buf)
+        clock.done("PRESCALE_OR_CAST")
     recvs = sends if not as_is else [results.empty(a.shape, work) for a in arrays]
     total = sum(r.nbytes for r in recvs)
     shm = ps._shm
     if shm is not None and total >= st.settings.shm_threshold and shm.reserve(total):
         shm.allreduce_many(sends, recvs, wire, scale)
+        clock.done("SHM_ALLREDUCE")
     elif len(recvs) == 1:
         st.transport.allreduce(ps._comm, None if sends[0] is recvs[0] else sends[0], recvs[0],
                                wire, True)
         if scale is not None:
             scale(recvs[0])
+        clock.done("MPI_ALLREDUCE")
     else:
         size = sum(r.size for r in recvs)
         base = _pool.acquire(work, size)
         buf = base[:size]
         fusion.pack(sends, buf)
+        clock.done("MEMCPY_IN_FUSION_BUFFER")
         st.transport.allreduce(ps._comm, None, buf, wire, True)
         if scale is not None:
             scale(buf)
+        clock.done("MPI_ALLREDUCE")
         offset = 0
         for r in recvs:
             r.reshape(-1)[:] = buf[offset:offset + r.size]
             offset += r.size
         _pool.release(base)
-    return [_result(r, a.dtype) for r, a in zip(recvs, arrays)]
+        clock.done("MEMCPY_OUT_FUSION_BUFFER")
+    out = [_result(r, a.dtype) for r, a in zip(recvs, arrays)]
+    if work != dtype and dtype.kind != "b":
+        clock.done("CAST_OUT")
+    return out
 
 
 def _result(buf: np.ndarray, dtype: np.dtype) -> np.ndarray:

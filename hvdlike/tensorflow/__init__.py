@@ -4,7 +4,7 @@ from hvdlike import (  # noqa: F401
     cross_size, ReduceOp, Average, Sum, Min, Max, Product, ProcessSet, global_process_set,
     add_process_set, remove_process_set, CollectiveMismatchError, NotInitializedError,
     mpi_enabled, mpi_built, mpi_threads_supported, gloo_enabled, gloo_built, nccl_built,
-    is_homogeneous,
+    is_homogeneous, start_timeline, stop_timeline,
 )
 
 from hvdlike.tensorflow.compression import Compression  # noqa: F401

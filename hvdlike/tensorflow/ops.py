@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdlike as _core
+from hvdlike import timeline as _timeline
 from hvdlike import Average, Sum, Min, Max, Product, ReduceOp, global_process_set  # noqa: F401
 
 from hvdlike.tensorflow import compat
@@ -525,6 +526,25 @@ def barrier(process_set=global_process_set):
         _core.barrier(process_set=process_set)  # in the stateful op, as for join
         return _done(np.asarray(True))
     return _run("barrier", submit, [], [tf.bool], [tf.TensorShape([])])[0]
+
+
+def timeline_step_done(variables):
+    """Mark the end of a training step in the timeline once ``variables`` (those the optimizer
+    just updated) have been read back after their update.  Built into a graph only while a
+    timeline runs when the step is traced (``HVDLIKE_TIMELINE`` set, or ``start_timeline``
+    called before ``fit``): otherwise it costs nothing."""
+    if _timeline.current is None:
+        return
+    if tf.executing_eagerly():
+        _timeline.step_done()
+        return
+
+    def _done_now():
+        _timeline.step_done()
+        return np.int64(0)
+    # reads of a variable come after the writes before them (automatic control dependencies)
+    with tf.control_dependencies([tf.convert_to_tensor(v) for v in variables]):
+        tf.numpy_function(_done_now, [], tf.int64, stateful=True, name="HvdlikeStepDone")
 
 
 def _int_op(value, name):

@@ -112,9 +112,13 @@ class _Keras3Mixin(_DistributedMixin):
                 "gradient tape watched them.")
         parent_apply = super().apply
         if self._hvd_bpps == 1:
-            return parent_apply(self._hvd_reduce(grads, variables), trainable_variables)
-        self._hvd_accumulate_then_apply(
-            grads, variables, lambda g, v: parent_apply(g, trainable_variables))
+            result = parent_apply(self._hvd_reduce(grads, variables), trainable_variables)
+        else:
+            result = None
+            self._hvd_accumulate_then_apply(
+                grads, variables, lambda g, v: parent_apply(g, trainable_variables))
+        ops.timeline_step_done(variables)
+        return result
 
 
 class _LegacyMixin(_DistributedMixin):
@@ -129,10 +133,13 @@ class _LegacyMixin(_DistributedMixin):
                              "that the loss depends on the trainable variables.")
         parent = super().apply_gradients
         if self._hvd_bpps == 1:
-            return parent(list(zip(self._hvd_reduce(grads, variables), variables)),
-                          *args, **kwargs)
-        return self._hvd_accumulate_then_apply(
-            grads, variables, lambda g, v: parent(list(zip(g, v)), *args, **kwargs))
+            result = parent(list(zip(self._hvd_reduce(grads, variables), variables)),
+                            *args, **kwargs)
+        else:
+            result = self._hvd_accumulate_then_apply(
+                grads, variables, lambda g, v: parent(list(zip(g, v)), *args, **kwargs))
+        ops.timeline_step_done(variables)
+        return result
 
 
 _CLASS_CACHE = {}

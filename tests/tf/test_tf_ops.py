@@ -22,6 +22,7 @@ CHECKS = [
     "jit_compile_gives_clear_error",
     "broadcast_variables_object_and_allgather_object",
     "independent_collectives_in_v1_graph_run_in_any_order",
+    "named_collectives_built_in_rank_dependent_order_in_tf_function",
 ]
 
 WORLDS = {"np1_without_mpirun": (1, False), "np2": (2, True), "np4": (4, True)}

@@ -27,9 +27,11 @@ CHECKS = [
     "shard_dataset_data_and_file_policies",
 ]
 
-# np2_shm: every gradient all-reduce takes the shared-memory transport (threshold 0)
+# np2_shm: every gradient all-reduce takes the shared-memory transport (threshold 0);
+# np2_no_overlap: the gradients of a compiled step go to the engine together after backprop
 WORLDS = {"np1_without_mpirun": (1, False, {}), "np2": (2, True, {}), "np4": (4, True, {}),
-          "np2_shm": (2, True, {"HVDLIKE_SHM_THRESHOLD": "0"})}
+          "np2_shm": (2, True, {"HVDLIKE_SHM_THRESHOLD": "0"}),
+          "np2_no_overlap": (2, True, {"HVDLIKE_OVERLAP": "0"})}
 
 
 def _job(world):

@@ -1,0 +1,62 @@
+"""Each rank writes its timeline; the cases return what their own file holds."""
+import json
+import os
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+
+import hvdlike as hvd
+
+
+def _read(path: str) -> List[Dict[str, Any]]:
+    root, ext = os.path.splitext(path)
+    with open(f"{root}.rank{hvd.rank()}{ext}") as f:
+        return json.load(f)
+
+
+def _rows(events: List[Dict[str, Any]]) -> Dict[str, List[str]]:
+    """row name -> the names of its events, in time order."""
+    names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    rows: Dict[str, List[Any]] = {}
+    for e in sorted((e for e in events if e.get("ph") == "X"), key=lambda e: e["ts"]):
+        rows.setdefault(names[e["tid"]], []).append(e)
+    return rows
+
+
+def phases(path: str, delay: float) -> Dict[str, Any]:
+    """Under HVDLIKE_TIMELINE: a fused bucket of async all-reduces, a grouped all-reduce big
+    enough for shared memory, an allgather, and one all-reduce the last rank submits
+    ``delay`` s late. Then ``stop_timeline``; the request after it must not appear."""
+    rank, size = hvd.rank(), hvd.size()
+    handles = [hvd.allreduce_async(np.ones(100 * (i + 1), np.float32), name=f"g{i}")
+               for i in range(3)]
+    for h in handles:
+        h.synchronize()
+    hvd.grouped_allreduce([np.ones(100_000, np.float32), np.ones(7, np.float32)], name="grp")
+    hvd.allgather(np.ones((rank + 1, 2)), name="gather")
+    if rank == size - 1:
+        time.sleep(delay)
+    hvd.allreduce(np.ones(4), name="late")
+    hvd.stop_timeline()
+    hvd.allreduce(np.ones(4), name="after_stop")
+    rows = _rows(_read(path))
+    return {name: [(e["name"], e["dur"], e.get("args", {})) for e in events]
+            for name, events in rows.items()}
+
+
+def start_and_stop(path: str) -> Dict[str, Any]:
+    """``start_timeline`` records only while it runs; a bad path is refused."""
+    hvd.allreduce(np.ones(4), name="before")
+    hvd.start_timeline(path, mark_cycles=True)
+    hvd.allreduce(np.ones(4), name="during")
+    hvd.stop_timeline()
+    hvd.allreduce(np.ones(4), name="after")
+    events = _read(path)
+    try:
+        hvd.start_timeline("")
+        error = None
+    except ValueError as e:
+        error = str(e)
+    return dict(rows=sorted(_rows(events)), cycles=sum(e["name"] == "CYCLE" for e in events),
+                error=error)
