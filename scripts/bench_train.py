@@ -2,12 +2,16 @@
 
     python scripts/bench_train.py                    # runs np=1 and np=2 via mpirun
     python scripts/bench_train.py --nps 1,2,4 --out results/bench_train_np4
+    python scripts/bench_train.py --model resnet50 --batch-size 2 --overlap both --timeline
 
-For each world size a small MNIST-shaped CNN trains with Keras ``model.fit`` on
-synthetic data (per-rank batch ``--batch-size``, one TF thread per rank), once with
-the plain optimizer and once with ``hvdlike.keras.DistributedOptimizer``, alternating
-``--repeats`` times in the same process; the best (minimum) step time of the
-repeats is used, the median is also stored in the JSON.
+For each world size a model (``--model``: a small MNIST-shaped CNN, or Keras' ResNet-50
+with ``weights=None`` on 224x224 images) trains with Keras ``model.fit`` on synthetic data
+(per-rank batch ``--batch-size``, ``--threads`` TF threads per rank), once with the plain
+optimizer and once with ``hvdlike.keras.DistributedOptimizer``, alternating ``--repeats``
+times in the same process; the best (minimum) step time of the repeats is used, the median
+is also stored in the JSON. ``--overlap on|off|both`` sets HVDLIKE_OVERLAP for the runs with
+more than one rank (``both``: one run each). ``--timeline`` also writes each run's timeline
+(HVDLIKE_TIMELINE) into ``--out``; scripts/timeline_summary.py reads it.
 Reports: overhead ratio (distributed / plain step time, same run), img/s per rank and
 in total, and scaling efficiency = total img/s at np=N / (N * img/s at np=1).
 Writes a table to stdout, ``bench_train.json`` and ``bench_train.png`` in ``--out``
@@ -30,26 +34,30 @@ def worker(args):
     import numpy as np
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)  # >= 2: see docs/performance.md
     import hvdlike.keras as hvd
     from hvdlike.tensorflow.compat import keras as _keras
     keras = _keras()
     hvd.init()
 
+    shape, classes = ((224, 224, 3), 1000) if args.model == "resnet50" else ((28, 28, 1), 10)
+
     def model_fn():
         keras.utils.set_random_seed(0)
+        if args.model == "resnet50":
+            return keras.applications.ResNet50(weights=None, input_shape=shape, classes=classes)
         return keras.Sequential([
-            keras.Input((28, 28, 1)),
+            keras.Input(shape),
             keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
             keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
             keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(10)])
+            keras.layers.Dense(classes)])
 
     rng = np.random.RandomState(hvd.rank())
-    x = rng.uniform(size=(args.batch_size, 28, 28, 1)).astype(np.float32)
-    y = rng.randint(0, 10, size=(args.batch_size,)).astype(np.int64)
+    x = rng.uniform(size=(args.batch_size,) + shape).astype(np.float32)
+    y = rng.randint(0, classes, size=(args.batch_size,)).astype(np.int64)
     ds = tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(4)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=args.model != "resnet50")
     models = {}
     for kind in ("plain", "distributed"):
         m = model_fn()
@@ -67,8 +75,9 @@ def worker(args):
             m.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=0)
             dt = (time.perf_counter() - t0) / args.steps
             times[kind].append(float(hvd.allreduce(np.array(dt), op=hvd.Max)))
-    res = {"np": hvd.size(), "batch_size_per_rank": args.batch_size, "threads": args.threads,
-           "steps": args.steps, "repeats": args.repeats}
+    res = {"np": hvd.size(), "model": args.model, "batch_size_per_rank": args.batch_size,
+           "threads": args.threads, "steps": args.steps, "repeats": args.repeats,
+           "overlap": os.environ.get("HVDLIKE_OVERLAP", "1") != "0"}
     for kind, ts in times.items():
         step = float(np.min(ts))  # best of repeats: least disturbed by other load
         res[kind] = {"step_time_s": step, "median_step_time_s": float(np.median(ts)),
@@ -88,37 +97,45 @@ def driver(args):
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     mpirun = Path(sys.executable).parent / "mpirun"
     results = []
-    for n in [int(v) for v in args.nps.split(",")]:
+    overlaps = {"on": ["1"], "off": ["0"], "both": ["1", "0"]}[args.overlap]
+    runs = [(n, o) for n in [int(v) for v in args.nps.split(",")]
+            for o in (overlaps if n > 1 else ["1"])]
+    for n, overlap in runs:
+        run_env = dict(env, HVDLIKE_OVERLAP=overlap)
+        if args.timeline:
+            run_env["HVDLIKE_TIMELINE"] = str(out / f"timeline_np{n}_overlap{overlap}.json")
         with tempfile.TemporaryDirectory() as d:
             js = Path(d) / "r.json"
             cmd = [str(mpirun if mpirun.exists() else "mpirun"), "-np", str(n),
                    "--oversubscribe", sys.executable, __file__, "--worker", "--json", str(js),
                    "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                    "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-                   "--threads", str(args.threads)]
-            p = subprocess.run(cmd, env=env, cwd=REPO, text=True, stdout=subprocess.PIPE,
+                   "--threads", str(args.threads), "--model", args.model]
+            p = subprocess.run(cmd, env=run_env, cwd=REPO, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, timeout=args.timeout)
             if p.returncode != 0 or not js.exists():
-                sys.exit(f"np={n} failed (rc={p.returncode}):\n{p.stdout[-4000:]}")
+                sys.exit(f"np={n} overlap={overlap} failed (rc={p.returncode}):\n{p.stdout[-4000:]}")
             results.append(json.loads(js.read_text()))
     base = next((r for r in results if r["np"] == 1), None)
     for r in results:
         r["scaling_efficiency"] = (r["distributed"]["img_per_s_total"]
                                    / (r["np"] * base["distributed"]["img_per_s_total"])
                                    if base else None)
-    hdr = (f"{'np':>3} {'plain ms/step':>14} {'dist ms/step':>13} {'dist/plain':>10} "
+    hdr = (f"{'np':>3} {'overlap':>7} {'plain ms/step':>14} {'dist ms/step':>13} {'dist/plain':>10} "
            f"{'img/s/rank':>11} {'img/s total':>12} {'scaling eff.':>13}")
     lines = [hdr, "-" * len(hdr)]
     for r in results:
         eff = r["scaling_efficiency"]
-        lines.append(f"{r['np']:>3} {1e3 * r['plain']['step_time_s']:>14.2f} "
+        lines.append(f"{r['np']:>3} {('on' if r['overlap'] else 'off'):>7} "
+                     f"{1e3 * r['plain']['step_time_s']:>14.2f} "
                      f"{1e3 * r['distributed']['step_time_s']:>13.2f} "
                      f"{r['overhead_ratio']:>10.3f} "
                      f"{r['distributed']['img_per_s_per_rank']:>11.0f} "
                      f"{r['distributed']['img_per_s_total']:>12.0f} "
                      f"{'' if eff is None else f'{100 * eff:.1f}%':>13}")
     table = "\n".join(lines)
-    print(f"small CNN, Keras fit, batch {args.batch_size}/rank, {args.threads} thread(s)/rank")
+    what = "ResNet-50 224x224" if args.model == "resnet50" else "small CNN"
+    print(f"{what}, Keras fit, batch {args.batch_size}/rank, {args.threads} thread(s)/rank")
     print(table)
     (out / "bench_train.json").write_text(json.dumps(results, indent=2))
     try:
@@ -126,19 +143,20 @@ def driver(args):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        nps = [r["np"] for r in results]
+        nps = [f"{r['np']}" + ("" if r["np"] == 1 else f" ({'on' if r['overlap'] else 'off'})")
+               for r in results]
         xs = range(len(nps))
         a1.bar([i - 0.2 for i in xs], [r["plain"]["img_per_s_total"] for r in results], 0.4,
                label="plain optimizer (no communication)")
         a1.bar([i + 0.2 for i in xs], [r["distributed"]["img_per_s_total"] for r in results],
                0.4, label="DistributedOptimizer")
-        a1.set_xticks(list(xs), [f"np={n}" for n in nps])
+        a1.set_xticks(list(xs), [f"np={n}" for n in nps], fontsize=8)
         a1.set_ylabel("img/s (total)")
         a1.legend(fontsize=8)
-        a1.set_title("Throughput")
+        a1.set_title(f"Throughput, {what} (overlap on/off)")
         a2.bar(list(xs), [r["overhead_ratio"] for r in results])
         a2.axhline(1.05, color="r", ls="--", label="+5%")
-        a2.set_xticks(list(xs), [f"np={n}" for n in nps])
+        a2.set_xticks(list(xs), [f"np={n}" for n in nps], fontsize=8)
         a2.set_ylabel("step time, distributed / plain")
         a2.set_title("Overhead vs plain optimizer (same run)")
         a2.legend(fontsize=8)
@@ -157,6 +175,11 @@ def main():
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--model", choices=("cnn", "resnet50"), default="cnn")
+    p.add_argument("--overlap", choices=("on", "off", "both"), default="on",
+                   help="HVDLIKE_OVERLAP for runs with more than one rank")
+    p.add_argument("--timeline", action="store_true",
+                   help="write each run's timeline (HVDLIKE_TIMELINE) into --out")
     p.add_argument("--out", default=str(REPO / "results" / "bench_train"))
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

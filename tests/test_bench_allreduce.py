@@ -20,3 +20,15 @@ def test_bench_allreduce_writes_ratios_json_and_png(tmp_path, np_):
         assert r["ratio"]["sum"] > 0 and r["raw"]["time_s"] > 0 and r["hvdlike"]["sum"]["time_s"] > 0
     assert data["targets"]["np"] == np_
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_bench_allreduce_together_mode_reports_its_targets(tmp_path):
+    out = tmp_path / "together"
+    job = run_script(2, "scripts/bench_allreduce.py", "--sizes", "1KiB,1MiB", "--batches", "2",
+                     "--warmup", "0", "--together", "--no-plot", "--out", str(out), timeout=120)
+    assert job.returncode == 0 and not job.timed_out, job.output[-5000:]
+    targets = json.loads(out.with_suffix(".json").read_text())["targets"]
+    assert targets["together"] is True
+    assert targets["started_together"]["1 MiB"]["ratio"] > 0
+    assert targets["started_together"]["64 MiB"]["met"] is None  # not measured in this run
+    assert "started together, 1 MiB: >= 1.3x raw" in job.output

@@ -35,3 +35,47 @@ def test_start_and_stop_timeline_bound_what_is_recorded(tmp_path):
         assert r["rows"] == ["during"], r
         assert r["cycles"] >= 1
         assert "non-empty path" in r["error"]
+
+
+def _summary_module():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "timeline_summary.py"
+    spec = importlib.util.spec_from_file_location("timeline_summary", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_summary_splits_each_steps_communication_at_the_last_submit():
+    summary = _summary_module()
+    meta = [{"name": "thread_name", "ph": "M", "tid": t, "args": {"name": n}}
+            for t, n in ((1, "a"), (2, "b"), (3, "steps"))]
+    x = [("STEP", 3, 0, 100), ("QUEUED", 1, 10, 1), ("MPI_ALLREDUCE", 1, 20, 30),
+         ("QUEUED", 2, 60, 1), ("SHM_ALLREDUCE", 2, 40, 40)]  # 40..80 overlaps 20..50
+    events = meta + [{"name": n, "ph": "X", "tid": t, "ts": ts, "dur": d} for n, t, ts, d in x]
+    (step,) = summary.summarise(events)["steps"]
+    # communication: union of 20..50 and 40..80 = 60 us; backprop done at the last submit (60)
+    assert step["communication_s"] == 60e-6 and step["requests"] == 2
+    assert (step["hidden_s"], step["exposed_s"]) == (40e-6, 20e-6)
+    assert summary.summarise(events)["transport_per_tensor_s"] == {"b": 40e-6, "a": 30e-6}
+
+
+def test_summary_script_reads_every_ranks_file(tmp_path):
+    import json
+    import subprocess
+    import sys
+    path = str(tmp_path / "timeline.json")
+    run_mpi(2, "timeline_cases:phases", timeout=60, env={"HVDLIKE_TIMELINE": path},
+            path=path, delay=0.0)
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "scripts" / "timeline_summary.py"
+    out = subprocess.run([sys.executable, str(script), path, "--no-plot"], text=True,
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "timeline_summary.json").read_text())
+    assert sorted(summary) == ["0", "1"]
+    for s in summary.values():
+        assert s["phases_s"]["QUEUED"] > 0 and s["transport_per_tensor_s"]["grp"] > 0
+    merged = json.loads((tmp_path / "timeline_merged.json").read_text())
+    assert {e["pid"] for e in merged} == {0, 1}

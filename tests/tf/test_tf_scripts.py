@@ -78,11 +78,15 @@ def test_tf_keras_legacy_training_check_passes_on_every_rank(check):
 def test_bench_train_writes_table_json_and_png(tmp_path):
     import json
     res = run_script(1, "scripts/bench_train.py", "--nps", "1,2", "--steps", "3", "--repeats",
-                  "1", "--warmup", "2", "--out", str(tmp_path), timeout=300, mpi=False)
+                     "1", "--warmup", "2", "--overlap", "both", "--timeline",
+                     "--out", str(tmp_path), timeout=300, mpi=False)
     assert res.returncode == 0, res.output[-5000:]
     assert "dist/plain" in res.output and "scaling eff." in res.output
     data = json.loads((tmp_path / "bench_train.json").read_text())
-    assert [r["np"] for r in data] == [1, 2]
+    assert [(r["np"], r["overlap"]) for r in data] == [(1, True), (2, True), (2, False)]
+    for overlap in ("1", "0"):
+        for rank in (0, 1):
+            assert (tmp_path / f"timeline_np2_overlap{overlap}.rank{rank}.json").is_file()
     for r in data:
         assert r["overhead_ratio"] > 0 and r["distributed"]["img_per_s_total"] > 0
         assert r["scaling_efficiency"] > 0
