@@ -59,6 +59,7 @@ class Negotiation:
         self._members = members
         self._cache: Dict[Key, Tuple[int, Request]] = {}
         self._by_position: Dict[int, Key] = {}
+        self._set_masks: Dict[int, np.ndarray] = {}  # process set -> its cache positions' bits
         self._free: List[int] = []
         self._next = 0
         self._announced: Dict[Key, Dict[int, Tuple[Request, Optional[LocalError]]]] = {}
@@ -134,16 +135,14 @@ class Negotiation:
         if not self._cache or all_joined:
             return []
         bits = rows[:, HEADER:].view(np.uint64)
-        sets = {key[0] for key in self._cache}
-        ready = np.zeros(self.words, np.uint64)
-        for set_id in sets:
-            active = self._active(set_id, joined)
-            if not active:
-                continue
-            both = np.bitwise_and.reduce(bits[active], axis=0)
-            if len(sets) > 1:
-                both &= self._mask(set_id)
-            ready |= both
+        if list(self._set_masks) == [0] and not joined.any():  # common: only the global set
+            ready = np.bitwise_and.reduce(bits, axis=0)
+        else:
+            ready = np.zeros(self.words, np.uint64)
+            for set_id, mask in self._set_masks.items():
+                active = self._active(set_id, joined)
+                if active:
+                    ready |= np.bitwise_and.reduce(bits[active], axis=0) & mask
         out = []
         for w in np.flatnonzero(ready):
             word = int(ready[w])
@@ -155,12 +154,12 @@ class Negotiation:
                 out.append(Response(key, self._cache[key][1], None))
         return out
 
-    def _mask(self, set_id: int) -> np.ndarray:
-        mask = np.zeros(self.words, np.uint64)
-        for key, (position, _) in self._cache.items():
-            if key[0] == set_id:
-                mask[position // 64] |= np.uint64(1 << (position % 64))
-        return mask
+    def _flip(self, set_id: int, position: int) -> None:
+        """Set or clear ``position`` in the set's mask (insert sets it, evict clears it)."""
+        mask = self._set_masks.setdefault(set_id, np.zeros(self.words, np.uint64))
+        mask[position // 64] ^= np.uint64(1 << (position % 64))
+        if not mask.any():
+            del self._set_masks[set_id]
 
     def _insert(self, key: Key, request: Request) -> None:
         if self._free:
@@ -172,10 +171,12 @@ class Negotiation:
             return  # full: this name keeps being announced in full
         self._cache[key] = (position, request)
         self._by_position[position] = key
+        self._flip(key[0], position)
 
     def _evict(self, key: Key) -> None:
         position, _ = self._cache.pop(key)
         del self._by_position[position]
+        self._flip(key[0], position)
         self._free.append(position)
 
     def forget_set(self, set_id: int) -> None:

@@ -25,7 +25,8 @@ def overlap_enabled() -> bool:
 
 
 def allreduce_gradients(tensors: List[Any], name: Optional[str],
-                        process_set: _core.ProcessSet, **kwargs: Any) -> List[Any]:
+                        process_set: _core.ProcessSet, variables: Optional[List[Any]] = None,
+                        **kwargs: Any) -> List[Any]:
     """Allreduce a step's gradients (dense tensors or IndexedSlices); ``kwargs`` as for
     :func:`hvdlike.tensorflow.grouped_allreduce`.
 
@@ -33,15 +34,32 @@ def allreduce_gradients(tensors: List[Any], name: Optional[str],
     ``HVDLIKE_OVERLAP`` on, one request per gradient, built last to first: backprop produces
     them in that order and TensorFlow runs the (chained) submit ops in build order, so each
     gradient goes to the engine as soon as it exists and the engine fuses whatever is ready
-    together; only the wait ops, which the optimizer's update reads, block.
+    together; only the wait ops, which the optimizer's update reads, block. Each request is
+    named after its variable (``gradient/<path>``, readable in the timeline) when the
+    ``variables`` have distinct names, else after ``name`` and its position, else after its op.
     """
     if tf.executing_eagerly() or not overlap_enabled():
         return _ops.grouped_allreduce(tensors, name=name, process_set=process_set, **kwargs)
+    labels = _variable_labels(variables, len(tensors))
     out = [None] * len(tensors)
     for i in reversed(range(len(tensors))):
-        out[i] = _ops.allreduce(tensors[i], name=None if name is None else f"{name}/{i}",
-                                process_set=process_set, **kwargs)
+        if labels is not None:
+            request = f"{name or 'gradient'}/{labels[i]}"
+        else:
+            request = None if name is None else f"{name}/{i}"
+        out[i] = _ops.allreduce(tensors[i], name=request, process_set=process_set, **kwargs)
     return out
+
+
+def _variable_labels(variables: Optional[List[Any]], n: int) -> Optional[List[str]]:
+    """The variables' paths (Keras 3) or names, if there is one per gradient and no two
+    are alike; else None."""
+    if variables is None or len(variables) != n:
+        return None
+    labels = [getattr(v, "path", None) or getattr(v, "name", None) for v in variables]
+    if not all(isinstance(label, str) and label for label in labels):
+        return None
+    return labels if len(set(labels)) == n else None
 
 
 class GradientReducer:
@@ -147,13 +165,16 @@ class GradientReducer:
         # last group first: in a graph, its gradients are the first that backprop produces
         for gi, part in reversed(list(enumerate(parts))):
             name = None if self.name is None else f"{self.name}/group{gi}"
-            grouped = self.groups is not None or self.num_groups > 1
-            reduce_fn = _ops.grouped_allreduce if grouped else allreduce_gradients
+            kwargs = dict(op=op, prescale_factor=pre, postscale_factor=post,
+                          compression=self.compression, sparse_as_dense=self.sparse_as_dense)
             try:
-                reduced = reduce_fn(
-                    [grads[i] for i in part], op=op, prescale_factor=pre,
-                    postscale_factor=post, compression=self.compression, name=name,
-                    process_set=self.process_set, sparse_as_dense=self.sparse_as_dense)
+                if self.groups is not None or self.num_groups > 1:
+                    reduced = _ops.grouped_allreduce([grads[i] for i in part], name=name,
+                                                     process_set=self.process_set, **kwargs)
+                else:
+                    reduced = allreduce_gradients(
+                        [grads[i] for i in part], name, self.process_set,
+                        None if variables is None else [variables[i] for i in part], **kwargs)
             except _core.CollectiveMismatchError as e:
                 raise _core.CollectiveMismatchError(
                     f"hvdlike.tensorflow.{self.owner}: the gradients differ across ranks "

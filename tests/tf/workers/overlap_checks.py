@@ -57,25 +57,26 @@ def _():
     root, ext = os.path.splitext(os.environ["HVDLIKE_TIMELINE"])
     with open(f"{root}.rank{r}{ext}") as f:
         events = json.load(f)
+    rows = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
     step_spans = [e for e in events if e["name"] == "STEP"]
     assert len(step_spans) == steps, [e["name"] for e in events][:50]
     for step in step_spans[1:]:  # the first one also traced the function
         begin, end = step["ts"], step["ts"] + step["dur"]
         inside = [e for e in events if e.get("ph") == "X" and begin <= e["ts"] <= end]
-        submits = sorted(e["ts"] for e in inside if e["name"] == "QUEUED")
-        moved = [e for e in inside if e["name"] in TRANSPORT]
-        assert submits and moved, inside
-        last_submit = submits[-1]
-        done_early = [e for e in moved if e["ts"] + e["dur"] < last_submit]
+        submitted = {rows[e["tid"]]: e["ts"] for e in inside if e["name"] == "QUEUED"}
+        moved = {rows[e["tid"]]: e["ts"] + e["dur"] for e in inside if e["name"] in TRANSPORT}
         if OVERLAP:
-            # 6 gradients, one request each; the last layers' ones went (and were reduced)
-            # during the slow stretch, before the first layer's could be submitted
-            assert len(submits) == 6, submits
-            assert last_submit - submits[0] > 0.75 * SLOW * 1e6, submits
-            assert done_early, (submits, moved)
+            # one request per gradient, named after its variable; the last layer's went (and
+            # was all-reduced) during the slow stretch, before the first layer's was submitted
+            assert sorted(submitted) == sorted(
+                f"gradient/{layer}/{w}" for layer in ("first", "middle", "last")
+                for w in ("kernel", "bias")), submitted
+            first = submitted["gradient/first/kernel"]
+            assert first - submitted["gradient/last/kernel"] > 0.75 * SLOW * 1e6, submitted
+            assert moved["gradient/last/kernel"] < first, (submitted, moved)
         else:
-            assert len(submits) == 1, submits  # one grouped request after backprop
-            assert not done_early, (submits, moved)
-
+            assert len(submitted) == 1, submitted  # one grouped request after backprop
+            (only,) = submitted.values()
+            assert all(t > only for t in moved.values()), (submitted, moved)
 
 close()
