@@ -92,8 +92,11 @@ def worker(args):
 def driver(args):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # OMP_NUM_THREADS as hvdlikerun sets it: otherwise each rank's OpenMP pool spins on
+    # every core and the runs measure that
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_osc="^ucx", TF_CPP_MIN_LOG_LEVEL="2",
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(args.threads)),
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     mpirun = Path(sys.executable).parent / "mpirun"
     results = []

@@ -26,28 +26,49 @@ def overlap_enabled() -> bool:
 
 def allreduce_gradients(tensors: List[Any], name: Optional[str],
                         process_set: _core.ProcessSet, variables: Optional[List[Any]] = None,
-                        **kwargs: Any) -> List[Any]:
-    """Allreduce a step's gradients (dense tensors or IndexedSlices); ``kwargs`` as for
-    :func:`hvdlike.tensorflow.grouped_allreduce`.
+                        op: Any = Average, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0, compression: Any = Compression.none,
+                        sparse_as_dense: bool = False) -> List[Any]:
+    """Allreduce a step's gradients (dense tensors or IndexedSlices); the arguments after
+    ``variables`` as for :func:`hvdlike.tensorflow.grouped_allreduce`.
 
     Eagerly every gradient exists already: one fused grouped call.  In a graph with
-    ``HVDLIKE_OVERLAP`` on, one request per gradient, built last to first: backprop produces
+    ``HVDLIKE_OVERLAP`` on, one submit op per gradient, built last to first: backprop produces
     them in that order and TensorFlow runs the (chained) submit ops in build order, so each
     gradient goes to the engine as soon as it exists and the engine fuses whatever is ready
-    together; only the wait ops, which the optimizer's update reads, block. Each request is
-    named after its variable (``gradient/<path>``, readable in the timeline) when the
+    together.  One wait op, fed by every submit, returns them all: it cannot start (and hold
+    one of TensorFlow's threads) before backprop has produced the last gradient.  Each request
+    is named after its variable (``gradient/<path>``, readable in the timeline) when the
     ``variables`` have distinct names, else after ``name`` and its position, else after its op.
+    IndexedSlices (allgathered) come after the dense gradients.
     """
+    kwargs = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                  compression=compression, sparse_as_dense=sparse_as_dense)
     if tf.executing_eagerly() or not overlap_enabled():
         return _ops.grouped_allreduce(tensors, name=name, process_set=process_set, **kwargs)
     labels = _variable_labels(variables, len(tensors))
-    out = [None] * len(tensors)
+    names = [f"{name or 'gradient'}/{labels[i]}" if labels is not None
+             else None if name is None else f"{name}/{i}" for i in range(len(tensors))]
+    out: List[Any] = [None] * len(tensors)
+    keys, dense, compressed, contexts, sparse = [], [], [], [], []
     for i in reversed(range(len(tensors))):
-        if labels is not None:
-            request = f"{name or 'gradient'}/{labels[i]}"
-        else:
-            request = None if name is None else f"{name}/{i}"
-        out[i] = _ops.allreduce(tensors[i], name=request, process_set=process_set, **kwargs)
+        t = tensors[i]
+        if isinstance(t, tf.IndexedSlices):
+            if not sparse_as_dense:
+                sparse.append(i)
+                continue
+            t = tf.convert_to_tensor(t)
+        c, ctx = compression.compress(_ops._to_tensor(t, "allreduce", names[i]))
+        keys.append(_ops.allreduce_submit(c, ReduceOp(op), prescale_factor, postscale_factor,
+                                          names[i], process_set))
+        dense.append(i)
+        compressed.append(c)
+        contexts.append(ctx)
+    if keys:
+        for i, r, ctx in zip(dense, _ops.allreduce_wait(keys, compressed), contexts):
+            out[i] = compression.decompress(r, ctx)
+    for i in sparse:
+        out[i] = _ops.allreduce(tensors[i], name=names[i], process_set=process_set, **kwargs)
     return out
 
 

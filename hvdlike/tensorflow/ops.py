@@ -90,18 +90,25 @@ def _run(what, submit, inputs, out_dtypes, out_shapes):
     to the engine and returns a function that waits and returns the outputs (a list).
 
     Eager: submit and wait at once (``op_name`` None: an unnamed request pairs in call order).
-    Graph: two ops.  A stateful submit op passes its own graph op name as ``op_name`` (the same
-    on every rank that built the same graph, so unnamed collectives pair up by name, as
-    Horovod's ops do) and returns at once; a stateless wait op returns the result.  Under
-    ``tf.function`` the automatic control dependencies chain stateful ops in program order,
-    so only the submits are chained: ranks that build independent collectives in different
-    orders still submit all of them before any wait blocks, and a submit runs as soon as its
-    inputs exist (gradients go to the engine while backprop goes on).
+    Graph: a submit op and a wait op (:func:`_submit_op`, :func:`_wait_op`).
     """
     if tf.executing_eagerly():
         # np.asarray shares a CPU tensor's memory (t.numpy() would copy it); the core only reads it
         outs = submit(None, *[np.asarray(t) for t in inputs])()
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
+    return _wait_op(what, [_submit_op(what, submit, inputs)], out_dtypes, out_shapes)
+
+
+def _op_base_name(what):
+    return "Hvdlike" + "".join(p.title() for p in what.split("_"))
+
+
+def _submit_op(what, submit, inputs):
+    """Graph: a stateful op that submits the request and returns its key at once.  Its own
+    graph op name is the request's name when none was given: the same on every rank that
+    built the same graph, so unnamed collectives pair up by name, as Horovod's ops do.
+    Under ``tf.function`` automatic control dependencies chain stateful ops in program
+    order, so submits keep that order and each runs as soon as its inputs exist."""
     _check_not_xla(what)
     op_name = []  # set once the op exists
 
@@ -111,19 +118,39 @@ def _run(what, submit, inputs, out_dtypes, out_shapes):
         _PENDING[key] = submit(op_name[0], *arrays)
         return np.int64(key)
 
-    def _wait_fn(key):
-        outs = _PENDING.pop(int(key))()
+    key = tf.numpy_function(_submit_fn, list(inputs), tf.int64, stateful=True,
+                            name=_op_base_name(what))
+    op_name.append(key.op.name)
+    return key
+
+
+def _wait_op(what, keys, out_dtypes, out_shapes):
+    """Graph: one stateless op that waits for the requests behind ``keys`` and returns their
+    outputs, in order.  Not chained to anything: ranks that build independent collectives in
+    different orders submit all of them before any wait blocks."""
+    def _wait_fn(*ks):
+        outs = [o for k in ks for o in _PENDING.pop(int(k))()]
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, out_dtypes)]
 
-    base = "Hvdlike" + "".join(p.title() for p in what.split("_"))
-    key = tf.numpy_function(_submit_fn, list(inputs), tf.int64, stateful=True, name=base)
-    op_name.append(key.op.name)
-    outs = tf.numpy_function(_wait_fn, [key], list(out_dtypes), stateful=False,
-                             name=base + "Wait")
+    outs = tf.numpy_function(_wait_fn, list(keys), list(out_dtypes), stateful=False,
+                             name=_op_base_name(what) + "Wait")
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     for o, s in zip(outs, out_shapes):
         o.set_shape(s)
     return outs
+
+
+def allreduce_submit(tensor, op, prescale_factor, postscale_factor, name, process_set):
+    """Graph only: the submit half of an allreduce of one dense tensor; returns its key, for
+    :func:`allreduce_wait`."""
+    return _submit_op("allreduce", _allreduce_submit(op, prescale_factor, postscale_factor,
+                                                     name, process_set), [tensor])
+
+
+def allreduce_wait(keys, like):
+    """Graph only: one op that waits for the allreduces behind ``keys`` (from
+    :func:`allreduce_submit`); ``like`` are their input tensors (dtype and shape)."""
+    return _wait_op("allreduce", keys, [t.dtype for t in like], [t.shape for t in like])
 
 
 def _done(*outs):
@@ -152,16 +179,21 @@ def _normalize_op(op, average, what):
 
 # --------------------------------------------------------------------------- allreduce
 
-def _allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process_set):
-    """Allreduce a list of dense tensors in ONE fused core call."""
+def _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set):
     def submit(op_name, *arrays):
         kw = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   name=name or op_name, process_set=process_set)
         if len(arrays) == 1:
             return _one(_core.allreduce_async(arrays[0], **kw))
         return _many(_core.grouped_allreduce_async(list(arrays), **kw))
+    return submit
+
+
+def _allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process_set):
+    """Allreduce a list of dense tensors in ONE fused core call."""
     if not tensors:
         return []
+    submit = _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set)
     return _run("allreduce", submit, tensors, [t.dtype for t in tensors],
                 [t.shape for t in tensors])
 
