@@ -402,3 +402,19 @@ def test_local_job_gets_one_thread_pool_share_per_rank_unless_set():
     _, env = build_command(4, ["python", "x.py"], hosts="a:2,b:2", flavor="openmpi",
                            mpirun="mpirun", env={"PATH": os.defpath})
     assert "OMP_NUM_THREADS" not in env
+
+
+def test_oversubscribed_hosts_get_mpi_yield_when_idle_unless_set():
+    from hvdlike.runner.launch import build_command
+    cores = local_cores()
+
+    def yields(**kw):
+        argv, _ = build_command(program=["python", "x.py"], mpirun="mpirun", flavor="openmpi",
+                                **kw)
+        return "mpi_yield_when_idle 1" in " ".join(argv)
+
+    assert yields(np=cores + 1) and not yields(np=cores)
+    assert yields(np=cores + 2, hosts=f"a:{cores + 1},b:1")
+    assert not yields(np=2 * cores, hosts=f"a:{cores},b:{cores}")
+    assert not yields(np=cores + 1, mpi_args="--mca mpi_yield_when_idle 0")
+    assert not yields(np=cores + 1, env={"OMPI_MCA_mpi_yield_when_idle": "0", "PATH": "/usr/bin"})

@@ -1,0 +1,226 @@
+"""A test cluster on one machine: N hosts, each a network namespace with its own host name.
+
+    python -m hvdlike.testing.cluster up --hosts 2 --link 1gbit   # prints how to use it
+    python -m hvdlike.testing.cluster down
+
+Each host is a network namespace (``<prefix>-h<i>``) plus a UTS namespace (its own host name)
+kept in a file under /run/hvdlike-cluster. Two hosts are joined by one veth pair; more go
+through a bridge in a namespace of its own, so no traffic touches the machine's own network.
+Addresses come from 10.231.<net>.0/24 (a private range); each host's link end can be shaped
+with ``tc tbf`` (``--link 1gbit``; this kernel has no ``netem``, so bandwidth only, no latency).
+
+Open MPI reaches the other hosts through ``--mca plm_rsh_agent``: a small script, written for
+the cluster, that enters the named host's namespaces and runs the daemon command there.
+Chosen over an sshd per namespace: nothing to install, no keys, no daemons to tear down, and
+Open MPI still launches its remote daemon the same way it does through ssh. ``mpirun_argv``
+gives the full command; run it on host 0 with ``run``. The module lives in the package, not
+under tests/, because tests, ``scripts/bench_cluster.py`` and users trying a multi-node job on
+one machine all use it. Only root can build it.
+"""
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence
+
+RUN_DIR = "/run/hvdlike-cluster"
+TOOLS = ("ip", "tc", "unshare", "nsenter", "umount")
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def missing_requirements() -> Optional[str]:
+    """Why a cluster cannot be built here, or None."""
+    if os.geteuid() != 0:
+        return "building network namespaces needs root"
+    absent = [t for t in TOOLS if shutil.which(t) is None]
+    if absent:
+        return f"missing tools: {', '.join(absent)} (iproute2, util-linux)"
+    return None
+
+
+def _sh(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(list(argv), text=True, capture_output=True)
+    if check and p.returncode != 0:
+        raise ClusterError(f"`{shlex.join(argv)}` failed: {p.stderr.strip() or p.stdout.strip()}")
+    return p
+
+
+class Cluster:
+    """``hosts`` test hosts named ``<prefix>-h0`` ...; ``link``: a tc rate (``1gbit``,
+    ``250mbit``) for every host's link, or None for unshaped. Use as a context manager (torn
+    down on exit, also on errors and Ctrl-C) or call ``up``/``down``."""
+
+    def __init__(self, hosts: int = 2, link: Optional[str] = None, prefix: str = "hvdc",
+                 net: int = 77) -> None:
+        if hosts < 2:
+            raise ValueError("a test cluster needs at least 2 hosts")
+        self.prefix, self.link, self.net = prefix, link, net
+        self.names = [f"{prefix}-h{i}" for i in range(hosts)]
+        self.addresses = [f"10.231.{net}.{i + 1}" for i in range(hosts)]
+        self.subnet = f"10.231.{net}.0/24"
+        self.dir = os.path.join(RUN_DIR, prefix)
+        self.agent = os.path.join(self.dir, "agent.sh")
+
+    # ------------------------------------------------------------------ building
+
+    def up(self) -> "Cluster":
+        why = missing_requirements()
+        if why:
+            raise ClusterError(f"cannot build a test cluster: {why}")
+        self.down()  # leftovers of a run that was killed
+        os.makedirs(self.dir, exist_ok=True)
+        try:
+            for name in self.names:
+                _sh(["ip", "netns", "add", name])
+                uts = self._uts(name)
+                open(uts, "w").close()
+                _sh(["unshare", f"--uts={uts}", "hostname", name])
+                self._in(name, ["ip", "link", "set", "lo", "up"])
+            if len(self.names) == 2:
+                self._veth(self.names[0], self.names[1])
+            else:
+                self._bridge()
+            for i, name in enumerate(self.names):
+                dev = self._dev(i)
+                self._in(name, ["ip", "addr", "add", f"{self.addresses[i]}/24", "dev", dev])
+                self._in(name, ["ip", "link", "set", dev, "up"])
+                if self.link:
+                    self._in(name, ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
+                                    self.link, "burst", "256kb", "latency", "400ms"])
+            self._write_agent()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _uts(self, name: str) -> str:
+        return os.path.join(self.dir, f"{name}.uts")
+
+    def _dev(self, i: int) -> str:
+        return f"{self.prefix}{i}"
+
+    def _in(self, name: str, argv: Sequence[str]) -> subprocess.CompletedProcess:
+        return _sh(["ip", "netns", "exec", name, *argv])
+
+    def _veth(self, a: str, b: str) -> None:
+        _sh(["ip", "link", "add", self._dev(0), "netns", a, "type", "veth", "peer", "name",
+             self._dev(1), "netns", b])
+
+    def _bridge(self) -> None:
+        switch = f"{self.prefix}-sw"
+        _sh(["ip", "netns", "add", switch])
+        self._in(switch, ["ip", "link", "add", "br0", "type", "bridge"])
+        self._in(switch, ["ip", "link", "set", "br0", "up"])
+        for i, name in enumerate(self.names):
+            port = f"p{i}"
+            _sh(["ip", "link", "add", self._dev(i), "netns", name, "type", "veth", "peer",
+                 "name", port, "netns", switch])
+            self._in(switch, ["ip", "link", "set", port, "master", "br0"])
+            self._in(switch, ["ip", "link", "set", port, "up"])
+
+    def _write_agent(self) -> None:
+        """The plm_rsh_agent: ``agent.sh HOST COMMAND...`` runs COMMAND on HOST (its name or
+        address), inside that host's namespaces."""
+        cases = "\n".join(
+            f"  {name}|{address}) ns={name} ;;"
+            for name, address in zip(self.names, self.addresses))
+        script = f"""#!/bin/sh
+# written by hvdlike.testing.cluster for the test cluster {self.prefix!r}
+host="$1"; shift
+case "$host" in
+{cases}
+  *) echo "hvdlike test cluster: unknown host $host" >&2; exit 255 ;;
+esac
+exec nsenter --net=/run/netns/$ns --uts={self.dir}/$ns.uts -- /bin/sh -c "$*"
+"""
+        with open(self.agent, "w") as f:
+            f.write(script)
+        os.chmod(self.agent, 0o755)
+
+    def down(self) -> None:
+        """Remove every namespace and file of this cluster (whatever exists of it)."""
+        for name in self.names + [f"{self.prefix}-sw"]:
+            _sh(["ip", "netns", "del", name], check=False)
+            uts = self._uts(name)
+            if os.path.exists(uts):
+                _sh(["umount", uts], check=False)
+                os.remove(uts)
+        if os.path.isdir(self.dir):
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "Cluster":
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    # ------------------------------------------------------------------ using
+
+    def command_on(self, host: int, argv: Sequence[str]) -> List[str]:
+        """``argv`` run on host ``host`` (inside its namespaces)."""
+        name = self.names[host]
+        return ["nsenter", f"--net=/run/netns/{name}", f"--uts={self._uts(name)}", "--",
+                *argv]
+
+    def mpirun_argv(self, mpirun: str, slots: Sequence[int], program: Sequence[str],
+                    extra: Sequence[str] = ()) -> List[str]:
+        """Open MPI's ``mpirun`` with ``slots[i]`` ranks on host i, launched through the agent,
+        TCP kept on the cluster's network; run the result on host 0 (``command_on(0, ...)``)."""
+        hosts = ",".join(f"{a}:{n}" for a, n in zip(self.addresses, slots) if n > 0)
+        oversubscribed = max(slots) > (os.cpu_count() or 1)
+        argv = [mpirun, "-np", str(sum(slots)), "--host", hosts,
+                "--mca", "plm_rsh_agent", self.agent,
+                "--mca", "btl_tcp_if_include", self.subnet,
+                "--mca", "oob_tcp_if_include", self.subnet,
+                "--mca", "mpi_yield_when_idle", "1", "--bind-to", "none"]
+        if oversubscribed or sum(slots) > (os.cpu_count() or 1):
+            argv.append("--oversubscribe")
+        return argv + list(extra) + list(program)
+
+    def link_bytes(self) -> Dict[str, int]:
+        """Bytes each host has sent on its cluster link so far."""
+        out = {}
+        for i, name in enumerate(self.names):
+            p = self._in(name, ["cat", f"/sys/class/net/{self._dev(i)}/statistics/tx_bytes"])
+            out[name] = int(p.stdout.strip())
+        return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hvdlike.testing.cluster",
+                                description="Build or remove a test cluster of network "
+                                            "namespaces (root only).")
+    p.add_argument("action", choices=("up", "down"))
+    p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--link", help="shape each host's link, e.g. 1gbit or 250mbit")
+    p.add_argument("--prefix", default="hvdc")
+    args = p.parse_args(argv)
+    cluster = Cluster(args.hosts, args.link, args.prefix)
+    try:
+        if args.action == "down":
+            cluster.down()
+            print(f"removed test cluster {args.prefix!r}")
+            return 0
+        cluster.up()
+    except ClusterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    mpirun = shutil.which("mpirun") or "mpirun"
+    print(f"test cluster {args.prefix!r}: " + ", ".join(
+        f"{n} = {a}" for n, a in zip(cluster.names, cluster.addresses))
+        + (f", links shaped to {args.link}" if args.link else ""))
+    print("run a job from host 0, e.g.:")
+    print("  " + shlex.join(cluster.command_on(0, cluster.mpirun_argv(
+        mpirun, [2] * args.hosts, ["python", "train.py"]))))
+    print(f"remove it with: python -m hvdlike.testing.cluster down --prefix {args.prefix} "
+          f"--hosts {args.hosts}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

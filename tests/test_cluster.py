@@ -1,0 +1,79 @@
+"""Two real test hosts (network namespaces, own host names, a veth link; see
+hvdlike/testing/cluster.py): Open MPI launches its daemon on the second host, and hvdlike's
+topology, collectives and transports are right across them. Root only."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvdlike.testing.cluster import Cluster, missing_requirements
+
+REPO = Path(__file__).resolve().parents[1]
+WHY = missing_requirements()
+pytestmark = [pytest.mark.cluster,
+              pytest.mark.skipif(WHY is not None, reason=f"test cluster: {WHY}")]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with Cluster(hosts=2, prefix="hvdt", net=78) as c:
+        yield c
+
+
+def _run(cluster, slots, tmp_path):
+    mpirun = str(Path(sys.executable).parent / "mpirun")
+    if not Path(mpirun).exists():
+        mpirun = shutil.which("mpirun")
+    env_names = ("PYTHONPATH", "OMPI_MCA_osc", "HVDLIKE_TIMELINE")
+    argv = cluster.command_on(0, cluster.mpirun_argv(
+        mpirun, slots, [sys.executable, str(REPO / "tests/mpi_cases/cluster_worker.py")],
+        extra=[a for n in env_names for a in ("-x", n)]))
+    import os
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_osc="^ucx", PYTHONPATH=str(REPO),
+               HVDLIKE_TIMELINE=str(tmp_path / "timeline.json"))
+    before = cluster.link_bytes()
+    p = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    results = sorted((json.loads(line[len("RESULT "):]) for line in p.stdout.splitlines()
+                      if line.startswith("RESULT ")), key=lambda r: r["rank"])
+    assert len(results) == sum(slots), p.stdout[-4000:]
+    after = cluster.link_bytes()
+    return results, {h: after[h] - before[h] for h in after}
+
+
+def test_two_hosts_two_ranks_each(cluster, tmp_path):
+    results, sent = _run(cluster, [2, 2], tmp_path)
+    size = 4
+    big = np.arange(1 << 18, dtype=np.float64)
+    for r in results:
+        assert r["host"] == cluster.names[r["rank"] // 2]  # ranks fill host 0 first
+        assert (r["local_rank"], r["local_size"]) == (r["rank"] % 2, 2)
+        assert (r["cross_rank"], r["cross_size"]) == (r["rank"] // 2, 2)
+        assert r["homogeneous"] is True
+        assert r["sum"] == float((size * big + sum(range(size))).sum())
+        assert r["gather"] == [q for q in range(size) for _ in range(q + 1)]
+        assert r["bcast"] == [size - 1] * 3
+        # shared memory inside a host, MPI (TCP) across hosts
+        want = {"world:MPI_ALLREDUCE"}
+        if r["rank"] in (0, 1):
+            assert r["inside_sum"] == float((2 * big + 1).sum())
+            want.add("inside:SHM_ALLREDUCE")
+        if r["rank"] in (0, 2):
+            assert r["across_sum"] == float((2 * big + 2).sum())
+            want.add("across:MPI_ALLREDUCE")
+        assert set(r["transports"]) == want, r["transports"]
+    # the 1 MiB all-reduces crossed the link: each host sent at least one copy of them
+    assert all(v >= 1 << 20 for v in sent.values()), sent
+
+
+def test_two_hosts_inhomogeneous(cluster, tmp_path):
+    results, _ = _run(cluster, [2, 1], tmp_path)
+    for r in results:
+        assert r["local_size"] == (2 if r["rank"] < 2 else 1)
+        assert r["homogeneous"] is False
+        assert r["cross_size"] == (2 if r["local_rank"] == 0 else 1)
