@@ -2,6 +2,7 @@
 hvdlike/testing/cluster.py): Open MPI launches its daemon on the second host, and hvdlike's
 topology, collectives and transports are right across them. Root only."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,18 +25,23 @@ def cluster():
         yield c
 
 
-def _run(cluster, slots, tmp_path):
+def _job(cluster, slots, script, tmp_path):
+    """(argv, env) of ``script`` (in tests/mpi_cases) on ``slots[i]`` ranks of host i."""
     mpirun = str(Path(sys.executable).parent / "mpirun")
     if not Path(mpirun).exists():
         mpirun = shutil.which("mpirun")
     env_names = ("PYTHONPATH", "OMPI_MCA_osc", "HVDLIKE_TIMELINE")
     argv = cluster.command_on(0, cluster.mpirun_argv(
-        mpirun, slots, [sys.executable, str(REPO / "tests/mpi_cases/cluster_worker.py")],
+        mpirun, slots, [sys.executable, str(REPO / "tests/mpi_cases" / script)],
         extra=[a for n in env_names for a in ("-x", n)]))
-    import os
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_osc="^ucx", PYTHONPATH=str(REPO),
                HVDLIKE_TIMELINE=str(tmp_path / "timeline.json"))
+    return argv, env
+
+
+def _run(cluster, slots, tmp_path):
+    argv, env = _job(cluster, slots, "cluster_worker.py", tmp_path)
     before = cluster.link_bytes()
     p = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=120)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
@@ -77,3 +83,4 @@ def test_two_hosts_inhomogeneous(cluster, tmp_path):
         assert r["local_size"] == (2 if r["rank"] < 2 else 1)
         assert r["homogeneous"] is False
         assert r["cross_size"] == (2 if r["local_rank"] == 0 else 1)
+
