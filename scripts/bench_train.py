@@ -85,6 +85,18 @@ def worker(args):
                      "img_per_s_per_rank": args.batch_size / step,
                      "img_per_s_total": args.batch_size * hvd.size() / step}
     res["overhead_ratio"] = res["distributed"]["step_time_s"] / res["plain"]["step_time_s"]
+    # the gradients' all-reduce alone (one grouped call of the same bytes), for the overlap
+    grads = [np.zeros(v.shape, np.float32) for v in models["distributed"].trainable_variables]
+    alone = []
+    for _ in range(max(3, args.repeats)):
+        hvd.barrier()
+        t0 = time.perf_counter()
+        hvd.grouped_allreduce(grads, name="bench.allreduce_alone")
+        alone.append(float(hvd.allreduce(np.array(time.perf_counter() - t0), op=hvd.Max)))
+    res["allreduce_alone_s"] = float(np.min(alone))
+    # share of the all-reduce hidden behind compute: (plain + alone - distributed) / alone
+    res["hidden_fraction"] = ((res["plain"]["step_time_s"] + res["allreduce_alone_s"]
+                               - res["distributed"]["step_time_s"]) / res["allreduce_alone_s"])
     if hvd.rank() == 0:
         Path(args.json).write_text(json.dumps(res, indent=2))
 
@@ -109,13 +121,28 @@ def driver(args):
             run_env["HVDLIKE_TIMELINE"] = str(out / f"timeline_np{n}_overlap{overlap}.json")
         with tempfile.TemporaryDirectory() as d:
             js = Path(d) / "r.json"
-            cmd = [str(mpirun if mpirun.exists() else "mpirun"), "-np", str(n),
-                   "--oversubscribe", sys.executable, __file__, "--worker", "--json", str(js),
-                   "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-                   "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-                   "--threads", str(args.threads), "--model", args.model]
-            p = subprocess.run(cmd, env=run_env, cwd=REPO, text=True, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, timeout=args.timeout)
+            program = [sys.executable, __file__, "--worker", "--json", str(js),
+                       "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+                       "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+                       "--threads", str(args.threads), "--model", args.model]
+            launcher = str(mpirun if mpirun.exists() else "mpirun")
+            cluster = None
+            if args.hosts_link and n > 1:
+                from hvdlike.testing.cluster import Cluster
+                link = None if args.hosts_link == "none" else args.hosts_link
+                cluster = Cluster(hosts=n, link=link, prefix="hvdb", net=79).up()
+                names = ["PYTHONPATH", "HVDLIKE_OVERLAP", "OMP_NUM_THREADS", "OMPI_MCA_osc",
+                         "TF_CPP_MIN_LOG_LEVEL"] + (["HVDLIKE_TIMELINE"] if args.timeline else [])
+                cmd = cluster.command_on(0, cluster.mpirun_argv(
+                    launcher, [1] * n, program, [a for v in names for a in ("-x", v)]))
+            else:
+                cmd = [launcher, "-np", str(n), "--oversubscribe"] + program
+            try:
+                p = subprocess.run(cmd, env=run_env, cwd=REPO, text=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, timeout=args.timeout)
+            finally:
+                if cluster is not None:
+                    cluster.down()
             if p.returncode != 0 or not js.exists():
                 sys.exit(f"np={n} overlap={overlap} failed (rc={p.returncode}):\n{p.stdout[-4000:]}")
             results.append(json.loads(js.read_text()))
@@ -125,20 +152,29 @@ def driver(args):
                                    / (r["np"] * base["distributed"]["img_per_s_total"])
                                    if base else None)
     hdr = (f"{'np':>3} {'overlap':>7} {'plain ms/step':>14} {'dist ms/step':>13} {'dist/plain':>10} "
-           f"{'img/s/rank':>11} {'img/s total':>12} {'scaling eff.':>13}")
+           f"{'img/s/rank':>11} {'img/s total':>12} {'scaling eff.':>13} "
+           f"{'allreduce ms':>13} {'hidden':>7}")
     lines = [hdr, "-" * len(hdr)]
     for r in results:
         eff = r["scaling_efficiency"]
+        hidden = "" if r["np"] == 1 else f"{100 * r['hidden_fraction']:.0f}%"
         lines.append(f"{r['np']:>3} {('on' if r['overlap'] else 'off'):>7} "
                      f"{1e3 * r['plain']['step_time_s']:>14.2f} "
                      f"{1e3 * r['distributed']['step_time_s']:>13.2f} "
                      f"{r['overhead_ratio']:>10.3f} "
                      f"{r['distributed']['img_per_s_per_rank']:>11.0f} "
                      f"{r['distributed']['img_per_s_total']:>12.0f} "
-                     f"{'' if eff is None else f'{100 * eff:.1f}%':>13}")
+                     f"{'' if eff is None else f'{100 * eff:.1f}%':>13} "
+                     f"{1e3 * r['allreduce_alone_s']:>13.1f} "
+                     f"{hidden:>7}")
     table = "\n".join(lines)
     what = "ResNet-50 224x224" if args.model == "resnet50" else "small CNN"
-    print(f"{what}, Keras fit, batch {args.batch_size}/rank, {args.threads} thread(s)/rank")
+    where = (f", {args.hosts_link} links between test hosts (1 rank each)" if args.hosts_link
+             else "")
+    print(f"{what}, Keras fit, batch {args.batch_size}/rank, {args.threads} thread(s)/rank"
+          f"{where}")
+    print("hidden: share of the all-reduce alone that the step did not add, "
+          "(plain + all-reduce - distributed) / all-reduce")
     print(table)
     (out / "bench_train.json").write_text(json.dumps(results, indent=2))
     try:
@@ -181,6 +217,10 @@ def main():
     p.add_argument("--model", choices=("cnn", "resnet50"), default="cnn")
     p.add_argument("--overlap", choices=("on", "off", "both"), default="on",
                    help="HVDLIKE_OVERLAP for runs with more than one rank")
+    p.add_argument("--hosts-link", metavar="RATE",
+                   help="run each multi-rank run as that many test hosts x 1 rank "
+                        "(hvdlike.testing.cluster, root only) with links shaped to RATE "
+                        "(e.g. 1gbit; 'none': unshaped)")
     p.add_argument("--timeline", action="store_true",
                    help="write each run's timeline (HVDLIKE_TIMELINE) into --out")
     p.add_argument("--out", default=str(REPO / "results" / "bench_train"))

@@ -84,3 +84,15 @@ def test_two_hosts_inhomogeneous(cluster, tmp_path):
         assert r["homogeneous"] is False
         assert r["cross_size"] == (2 if r["local_rank"] == 0 else 1)
 
+
+
+def test_bench_train_runs_across_two_test_hosts(tmp_path):
+    """scripts/bench_train.py --hosts-link builds its own cluster (a CNN, a few steps)."""
+    p = subprocess.run([sys.executable, str(REPO / "scripts/bench_train.py"), "--nps", "2",
+                        "--overlap", "on", "--hosts-link", "1gbit", "--steps", "2", "--repeats",
+                        "1", "--warmup", "1", "--batch-size", "8", "--out", str(tmp_path)],
+                       text=True, capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    (r,) = json.loads((tmp_path / "bench_train.json").read_text())
+    assert r["np"] == 2 and r["allreduce_alone_s"] > 0 and "hidden_fraction" in r
+    assert "1gbit links between test hosts" in p.stdout
