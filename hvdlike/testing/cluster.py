@@ -40,6 +40,11 @@ def missing_requirements() -> Optional[str]:
     absent = [t for t in TOOLS if shutil.which(t) is None]
     if absent:
         return f"missing tools: {', '.join(absent)} (iproute2, util-linux)"
+    probe = f"hvdlike-probe-{os.getpid()}"
+    made = _sh(["ip", "netns", "add", probe], check=False)
+    if made.returncode != 0:
+        return f"this machine refuses network namespaces: {made.stderr.strip()}"
+    _sh(["ip", "netns", "del", probe], check=False)
     return None
 
 
