@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -44,12 +44,17 @@ class Job:
 
 
 def launch(np: int, argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT,
-           env: Optional[Mapping[str, str]] = None, mpi: bool = True) -> Job:
-    """Run ``hvdlikerun -np N argv...`` (or argv alone, as one process, when ``mpi`` is False);
-    kill the whole job if it runs past ``timeout``."""
+           env: Optional[Mapping[str, str]] = None, mpi: bool = True,
+           launcher: Optional[Callable[[List[str]], List[str]]] = None) -> Job:
+    """Run ``hvdlikerun -np N argv...`` (or argv alone, as one process, when ``mpi`` is False;
+    or ``launcher(argv)``, e.g. mpirun on the test cluster); kill the whole job if it runs past
+    ``timeout``."""
     full_env = dict(os.environ, **TEST_ENV)
     full_env.update(env or {})
-    cmd = [sys.executable, "-m", "hvdlike.runner", "-np", str(np), *argv] if mpi else list(argv)
+    if launcher is not None:
+        cmd = launcher(list(argv))
+    else:
+        cmd = [sys.executable, "-m", "hvdlike.runner", "-np", str(np), *argv] if mpi else list(argv)
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=full_env, cwd=TESTS.parent, start_new_session=True)
@@ -76,11 +81,12 @@ def mpich_prefix() -> str:
 
 def run_mpi(np: int, target: str, timeout: float = DEFAULT_TIMEOUT,
             env: Optional[Mapping[str, str]] = None, mpi_prefix: Optional[str] = None,
+            launcher: Optional[Callable[[List[str]], List[str]]] = None,
             **kwargs: Any) -> List[Any]:
     """Run ``target`` ("module:function" in tests/mpi_cases) on ``np`` ranks; return each
     rank's result. Fails the test with the job's output on error or timeout. ``mpi_prefix``:
     run with another virtual environment's MPI and Python (e.g. ``mpich_prefix()``), with this
-    checkout's hvdlike."""
+    checkout's hvdlike. ``launcher``: turns the rank command into the job's (see ``launch``)."""
     with tempfile.TemporaryDirectory(prefix="hvdlike-test-") as tmp:
         args_file = Path(tmp) / "kwargs.pkl"
         args_file.write_bytes(pickle.dumps(kwargs))
@@ -88,7 +94,7 @@ def run_mpi(np: int, target: str, timeout: float = DEFAULT_TIMEOUT,
         if mpi_prefix is not None:
             argv = ["--mpirun", f"{mpi_prefix}/bin/mpiexec", f"{mpi_prefix}/bin/python", *argv[1:]]
             env = dict(env or {}, PYTHONPATH=str(REPO))
-        job = launch(np, argv, timeout, env)
+        job = launch(np, argv, timeout, env, launcher=launcher)
         if job.timed_out:
             raise AssertionError(f"MPI job {target} (np={np}) timed out after {timeout:.0f} s:\n"
                                  f"{job.output[-6000:]}")

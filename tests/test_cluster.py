@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from hvdlike.testing.cluster import Cluster, missing_requirements
+from mpi_harness import run_mpi
 
 REPO = Path(__file__).resolve().parents[1]
 WHY = missing_requirements()
@@ -38,6 +39,32 @@ def _job(cluster, slots, script, tmp_path):
                OMPI_MCA_osc="^ucx", PYTHONPATH=str(REPO),
                HVDLIKE_TIMELINE=str(tmp_path / "timeline.json"))
     return argv, env
+
+
+def _launcher(cluster, slots):
+    """For ``run_mpi``: the rank command run as ``slots[i]`` ranks on host i."""
+    mpirun = str(Path(sys.executable).parent / "mpirun")
+    names = ["PYTHONPATH", "OMPI_MCA_osc", "TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED",
+             "HVDLIKE_SHM_THRESHOLD", "HVDLIKE_SHM_BUFFER"]
+    return lambda argv: cluster.command_on(0, cluster.mpirun_argv(
+        mpirun, slots, argv, [a for n in names for a in ("-x", n)]))
+
+
+@pytest.mark.parametrize("slots", [[2, 2], [2, 1]], ids=["2x2", "2+1"])
+def test_every_collective_dtype_and_op_equals_numpy_across_hosts(cluster, slots):
+    """The one-node collective matrix (tests/test_collectives.py) on two hosts: shared memory
+    inside each host (threshold 0, several rounds), MPI over the link between them."""
+    from test_collectives import CASES, assert_same, expected
+    n = sum(slots)
+    env = {"PYTHONPATH": str(REPO), "OMPI_MCA_osc": "^ucx", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HVDLIKE_SHM_THRESHOLD": "0",
+           "HVDLIKE_SHM_BUFFER": "64"}
+    results = run_mpi(n, "collective_cases:run", timeout=240, env=env,
+                      launcher=_launcher(cluster, slots))
+    for rank in range(n):
+        for case in CASES:
+            assert_same(results[rank][case.id], expected(case, rank, n),
+                        f"{case.id} rank {rank} of {slots}")
 
 
 def _run(cluster, slots, tmp_path):
