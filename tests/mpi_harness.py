@@ -111,13 +111,16 @@ def run_mpi(np: int, target: str, timeout: float = DEFAULT_TIMEOUT,
 
 
 def run_script(np: int, script: str, *args: Any, timeout: float = DEFAULT_TIMEOUT,
-               env: Optional[Mapping[str, str]] = None, mpi: bool = True) -> Job:
+               env: Optional[Mapping[str, str]] = None, mpi: bool = True,
+               launcher: Optional[Callable[[List[str]], List[str]]] = None) -> Job:
     """Run ``python script args...`` on ``np`` ranks (or as one plain process when ``mpi`` is
-    False). ``script`` is a path relative to the repository, tests/mpi_cases or tests/tf/workers."""
+    False; ``launcher`` as in ``launch``). ``script`` is a path relative to the repository,
+    tests/mpi_cases or tests/tf/workers."""
     path = next((d / script for d in SCRIPT_DIRS if (d / script).is_file()), None)
     if path is None:
         raise FileNotFoundError(f"no script {script} in {[str(d) for d in SCRIPT_DIRS]}")
-    job = launch(np, [sys.executable, str(path), *map(str, args)], timeout, env, mpi)
+    job = launch(np, [sys.executable, str(path), *map(str, args)], timeout, env, mpi,
+                 launcher=launcher)
     if job.timed_out:
         job.output += f"\n[harness] TIMEOUT after {timeout:.0f} s: {script}"
     return job
