@@ -9,6 +9,7 @@ A mismatch, or bad input on any rank, raises the same error on every rank instea
 or returning garbage.
 """
 import functools
+import pickle
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -320,16 +321,31 @@ def join() -> int:
                             global_process_set, wake=False).synchronize()
 
 
+def _pickled(obj: Any, what: str) -> Tuple[Optional[bytes], Optional[checks.LocalError]]:
+    """``obj`` pickled here, before it is submitted, so that an object that cannot be pickled
+    is an error every rank raises instead of a failure inside the transfer."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), None
+    except Exception as exc:  # noqa: BLE001 - any pickling failure is the caller's input
+        return None, ("TypeError", f"hvdlike.{what}: the object on rank {runtime.rank()} "
+                                   f"cannot be pickled ({type(exc).__name__}: {exc}); pass "
+                                   "something picklable, e.g. convert it to plain data first")
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Every rank gets (an unpickled copy of) the root's picklable ``obj``."""
     request = Request("broadcast_object", name, None, None, None, _root(root_rank))
-    return _submit(process_set, request, _root_error(root_rank, process_set),
-                   obj, True).synchronize()
+    error = _root_error(root_rank, process_set)
+    payload = None
+    if error is None and root_rank == runtime.rank():
+        payload, error = _pickled(obj, "broadcast_object")
+    return _submit(process_set, request, error, payload, True).synchronize()
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Every rank gets the list of every rank's picklable ``obj``, in rank order."""
-    return _submit(process_set, Request("allgather_object", name, None, None), None,
-                   obj, True).synchronize()
+    payload, error = _pickled(obj, "allgather_object")
+    return _submit(process_set, Request("allgather_object", name, None, None), error,
+                   payload, True).synchronize()

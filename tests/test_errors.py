@@ -24,6 +24,10 @@ EXPECTED = {
     "reducescatter_scalar": ("ValueError", ["scalar"]),
     "different_collectives": ("CollectiveMismatchError", ["kind", "allgather", "allreduce"]),
     "named_dtype_mismatch_async": ("CollectiveMismatchError", ["dtype", "int32", "int64"]),
+    "broadcast_object_unpicklable_on_root": ("TypeError", ["broadcast_object",
+                                                            "rank 0 cannot be pickled"]),
+    "allgather_object_unpicklable_one_rank": ("TypeError", ["allgather_object",
+                                                             "rank 1 cannot be pickled"]),
     "set_not_registered": ("ValueError", ["not registered", "add_process_set"]),
 }
 

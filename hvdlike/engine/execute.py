@@ -8,6 +8,7 @@ tensor: from its memory into the result; several: packed into a reused fusion bu
 other collectives run one response at a time.
 """
 import functools
+import pickle
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -301,12 +302,14 @@ def barrier(st: Any, work: Work) -> None:
 
 
 def broadcast_object(st: Any, work: Work) -> Any:
+    """``work.inputs``: the root's pickled object (None elsewhere); every rank unpickles."""
     ps = work.process_set
-    return ps._comm.bcast(work.inputs, root=ps.ranks.index(int(work.request.root)))
+    return pickle.loads(ps._comm.bcast(work.inputs, root=ps.ranks.index(int(work.request.root))))
 
 
 def allgather_object(st: Any, work: Work) -> List[Any]:
-    return work.process_set._comm.allgather(work.inputs)
+    """``work.inputs``: this rank's pickled object."""
+    return [pickle.loads(b) for b in work.process_set._comm.allgather(work.inputs)]
 
 
 def call(st: Any, work: Work) -> Any:

@@ -31,6 +31,10 @@ def _cases(rank: int, size: int) -> Dict[str, Callable[[], Any]]:
                                           else hvd.allreduce(np.ones(2))),
         "named_dtype_mismatch_async": lambda: hvd.allreduce_async(
             np.ones(2, np.int32 if odd else np.int64), name="g").synchronize(),
+        "broadcast_object_unpicklable_on_root": lambda: hvd.broadcast_object(
+            (lambda: 0) if rank == 0 else None, root_rank=0),
+        "allgather_object_unpicklable_one_rank": lambda: hvd.allgather_object(
+            (lambda: 0) if odd else rank),
         "set_not_registered": lambda: hvd.allreduce(np.ones(2), process_set=hvd.ProcessSet([0])),
     }
 
