@@ -29,9 +29,12 @@ def _array(x: Any) -> np.ndarray:
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
-def _engine(process_set: ProcessSet, what: str) -> Any:
-    st = runtime.state(what)
+def _engine(process_set: ProcessSet, kind: str) -> Any:
+    st = runtime._state
+    if st is None:
+        st = runtime.state(f"hvdlike.{kind}()")
     if process_set._comm is None:
+        what = f"hvdlike.{kind}()"
         if process_set.process_set_id is None:
             raise ValueError(f"{what}: {process_set} is not registered; call "
                              "hvdlike.add_process_set(...) on every rank first")
@@ -42,7 +45,7 @@ def _engine(process_set: ProcessSet, what: str) -> Any:
 
 def _submit(process_set: ProcessSet, request: Request, error: Optional[checks.LocalError],
             inputs: Any, blocking: bool = False) -> Handle:
-    engine = _engine(process_set, f"hvdlike.{request.kind}()")
+    engine = _engine(process_set, request.kind)
     return engine.submit(request, error, inputs, process_set, wake=not blocking)
 
 
@@ -66,14 +69,18 @@ def _first(errors: Any) -> Optional[checks.LocalError]:
 def _allreduce(xs: Sequence[Any], op: Any, prescale_factor: float, postscale_factor: float,
                name: Optional[str], process_set: ProcessSet, grouped: bool,
                blocking: bool = False) -> Handle:
-    kind = "grouped_allreduce" if grouped else "allreduce"
-    arrays = [_array(x) for x in xs]
     op = as_reduce_op(op)
-    dts = tuple(a.dtype for a in arrays)
-    shapes = tuple(a.shape for a in arrays)
-    request = Request(kind, name, dts if grouped else dts[0], shapes if grouped else shapes[0],
-                      int(op), None, (float(prescale_factor), float(postscale_factor)))
-    error = _first(_reduce_error_for(a.dtype, op) for a in arrays)
+    scale = (float(prescale_factor), float(postscale_factor))
+    if grouped:
+        arrays = [_array(x) for x in xs]
+        request = Request("grouped_allreduce", name, tuple(a.dtype for a in arrays),
+                          tuple(a.shape for a in arrays), int(op), None, scale)
+        error = _first(_reduce_error_for(a.dtype, op) for a in arrays)
+    else:
+        a = _array(xs[0])
+        arrays = [a]
+        request = Request("allreduce", name, a.dtype, a.shape, int(op), None, scale)
+        error = _reduce_error_for(a.dtype, op)
     return _submit(process_set, request, error, arrays, blocking)
 
 

@@ -2,6 +2,8 @@
 import threading
 from typing import Any, Optional
 
+_SLEEPERS = threading.Lock()  # orders completing a handle against a thread going to sleep on it
+
 
 class Handle:
     """A request in the engine. ``poll()`` says whether it finished; ``synchronize()`` waits
@@ -12,15 +14,29 @@ class Handle:
 
     def __init__(self, engine: Any) -> None:
         self._engine = engine
-        self._event = threading.Event()
+        self._event: Optional[threading.Event] = None  # made by the first thread to sleep
         self._result: Any = None
         self._error: Optional[BaseException] = None
         self._done = False
 
     def _complete(self, result: Any, error: Optional[BaseException]) -> None:
-        self._result, self._error, self._done = result, error, True
+        self._result, self._error = result, error
+        with _SLEEPERS:
+            self._done = True
+            event = self._event
         self._engine = None
-        self._event.set()
+        if event is not None:
+            event.set()
+
+    def _sleep(self, timeout: float) -> None:
+        """Sleep until the handle completes or ``timeout`` seconds pass."""
+        with _SLEEPERS:
+            if self._done:
+                return
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        event.wait(timeout)
 
     def _succeed(self, result: Any) -> None:
         self._complete(result, None)

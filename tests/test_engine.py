@@ -66,3 +66,15 @@ def test_grouped_allreduce_straight_from_tensor_memory_matches_numpy(np_, env):
         assert r["avg"] == [(np.arange(n, dtype=np.float32) * total / np_).astype(np.float32)
                             .tolist() for n in sizes]
         assert r["inputs_intact"]
+
+
+def test_unnamed_calls_cycle_through_cached_names_and_stay_right():
+    for r in run_mpi(2, "engine_cases:unnamed_loop", timeout=60, calls=700):
+        assert r["wrong"] == []
+        assert r["cached"] == r["names"]
+
+
+def test_a_rank_that_joined_numbers_its_unnamed_calls_after_the_ones_it_served():
+    # rank 0 runs more unnamed calls than the engine has names for while rank 1 has joined
+    for r in run_mpi(2, "engine_cases:join_after_many_unnamed", timeout=60, steps=600):
+        assert r["after"] == [[1.0, 1.0], [3.0, 3.0], [5.0, 5.0]]

@@ -1,8 +1,10 @@
 """The engine: one place per process that owns collective communication.
 
 Any thread submits a request and gets a handle at once. Requests are matched across ranks by
-name in any submission order (unnamed ones get ``noname.<k>``, k counting a process set's
-unnamed requests on this rank, so they pair in call order). Progress happens in *rounds*,
+name in any submission order. Unnamed ones get ``noname.<k mod 256>``, k counting a process
+set's unnamed requests on this rank: instances of one name pair in submission order, so the
+k-th unnamed request pairs with every rank's k-th, and a loop of unnamed calls reuses 256
+names, which the response cache then knows. Progress happens in *rounds*,
 the same sequence of rounds on every rank: gather one small row from every rank
 (``negotiation``), run what became ready everywhere (fused all-reduces first, then the
 others, in an order every rank computes alike), complete the handles.
@@ -30,11 +32,12 @@ from ..checks import LocalError, Request, raised_on_every_rank
 from ..handles import Handle
 from . import execute
 from .execute import ALLREDUCES, RUNNERS, Work
-from .negotiation import HEADER, Announcement, Key, Negotiation
+from .negotiation import Announcement, Key, Negotiation
 
 _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
 _SPIN_SECONDS = 50e-6  # busy-test an exchange this long before sleeping between tests
 _MAX_SLEEP = 200e-6
+NONAME_NAMES = 256  # unnamed requests cycle through this many names
 
 
 class Entry:
@@ -62,14 +65,16 @@ class Engine:
         self._neg = Negotiation(st.size, st.settings.cache_capacity,
                                 lambda set_id: _ps._registry[set_id].ranks)
         self._cycle = st.settings.cycle_time_ms / 1000.0
-        self._cv = threading.Condition()
+        self._qlock = threading.Lock()  # guards the queue, the counters and _stopping
+        self._cv = threading.Condition(self._qlock)  # wakes the background thread
         self._queue: List[Entry] = []
         self._noname: Dict[int, int] = {}
         self._stopping = False
         self._lock = threading.Lock()  # held while a round runs; guards everything below
         self._pending: Dict[Key, Entry] = {}
         self._later: Dict[Key, Deque[Entry]] = {}  # further instances of a pending name
-        self._bits = np.zeros(self._neg.words, np.uint64)
+        self._bits = 0  # the cache positions of this rank's pending requests
+        self._waiters = 0  # threads in wait(): they run the rounds, the background need not
         self._joined_round = -1
         self._join_entry: Optional[Entry] = None
         self._round_no = 0
@@ -88,14 +93,14 @@ class Engine:
         """Queue a request; returns its handle at once. ``wake=False``: the caller is about
         to wait on the handle (and so run the round itself): leave the background thread be."""
         handle = Handle(self)
-        with self._cv:
+        with self._qlock:
             if self._stopping:
                 raise RuntimeError(f"hvdlike.{request.kind}: hvdlike is shutting down on this "
                                    "rank; no more collectives can be submitted")
             if request.name is None:
                 k = self._noname.get(process_set.process_set_id, 0)
                 self._noname[process_set.process_set_id] = k + 1
-                request = request._replace(name=f"noname.{k}")
+                request = request._replace(name=f"noname.{k % NONAME_NAMES}")
             self._queue.append(Entry(request, error, inputs, process_set, handle))
             if wake:
                 self._cv.notify()
@@ -103,6 +108,15 @@ class Engine:
 
     def wait(self, handle: Handle) -> None:
         """Return once ``handle`` is complete, running rounds on this thread when none runs."""
+        with self._qlock:
+            self._waiters += 1
+        try:
+            self._wait(handle)
+        finally:
+            with self._qlock:
+                self._waiters -= 1
+
+    def _wait(self, handle: Handle) -> None:
         while not handle._done:
             if self._lock.acquire(blocking=False):
                 try:
@@ -116,13 +130,13 @@ class Engine:
                         continue
                 finally:
                     self._lock.release()
-                handle._event.wait(pause)
+                handle._sleep(pause)
             else:
-                handle._event.wait(self._cycle)
+                handle._sleep(self._cycle)
 
     def stop(self) -> None:
         """Shut down together with the other ranks (collective); fails what is left."""
-        with self._cv:
+        with self._qlock:
             self._stopping = True
             self._cv.notify()
         self._thread.join()
@@ -152,10 +166,11 @@ class Engine:
 
     def _run(self) -> None:
         while True:
-            with self._cv:
+            with self._qlock:
                 pause = self._pause()
-                if pause > 0:
-                    self._cv.wait(pause)
+                if pause > 0 or (self._waiters and not self._stopping):
+                    self._cv.wait(pause if pause > 0 else self._cycle)
+                    continue
             with self._lock:
                 if self.stopped:
                     return
@@ -179,7 +194,7 @@ class Engine:
     def _take_queue(self, now: float, fresh: List[Entry]) -> List[Announcement]:
         """Move the queue into the pending requests; returns what to announce and adds the
         requests this round carries for the first time to ``fresh``."""
-        with self._cv:
+        with self._qlock:
             new, self._queue = self._queue, []
         for entry in new:
             if entry.request.kind == "join":
@@ -198,14 +213,14 @@ class Engine:
                 entry.announced = True
             else:
                 entry.position = position
-                self._bits[position // 64] |= np.uint64(1 << (position % 64))
+                self._bits |= 1 << position
             if not entry.carried:
                 entry.carried = now
                 fresh.append(entry)
         return announce
 
     def _exchange(self, row: np.ndarray) -> np.ndarray:
-        rows = np.empty((self._st.size, row.size), np.int64)
+        rows = self._neg.rows
         request = self._ctrl.Iallgather(row, rows)
         start = time.perf_counter()
         while not request.Test():
@@ -220,42 +235,37 @@ class Engine:
     def _negotiate_and_run(self) -> None:
         fresh: List[Entry] = []
         announce = self._take_queue(time.perf_counter(), fresh)
-        stopping = self._stopping
-        row = self._neg.row(self._bits, len(announce), self._joined_round, stopping)
-        rows = self._exchange(row)
-        lists = self._ctrl.allgather(announce) if rows[:, 0].any() else None
+        row = self._neg.row(self._bits, len(announce), self._joined_round, self._stopping)
+        rows = self._neg.parse(self._exchange(row))
+        lists = self._ctrl.allgather(announce) if rows.announced else None
         decision = self._neg.decide(rows, lists)
         now = time.perf_counter()
         for entry in fresh:
             entry.negotiated = now
         self._round_no += 1
         self._last_round = time.monotonic()
-        self._busy = bool(rows[:, 0].any() or rows[:, HEADER:].any() or (rows[:, 1] >= 0).any())
+        self._busy = rows.waiting > 0
         for key in decision.invalidated:
             entry = self._pending.get(key)
             if entry is not None and entry.position is not None:
                 self._clear_bit(entry)
                 entry.announced = False
         self._productive = bool(decision.responses)
-        self._stuck = not self._productive and self._everyone_waits(rows)
-        self._run_responses(decision.responses, now)
+        self._stuck = not self._productive and rows.waiting == self._st.size
+        if decision.responses:
+            self._run_responses(decision.responses, now)
         if decision.all_joined and self._join_entry is not None:
             entry, self._join_entry, self._joined_round = self._join_entry, None, -1
             entry.handle._complete(decision.last_joined, None)
         if decision.stop:
             self._stop_now()
 
-    @staticmethod
-    def _everyone_waits(rows: np.ndarray) -> bool:
-        """Whether every rank had something pending (or had joined) in this round."""
-        waiting = (rows[:, 0] > 0) | (rows[:, 1] >= 0) | rows[:, HEADER:].any(axis=1)
-        return bool(waiting.all())
-
     def _run_responses(self, responses: List[Any], ready: float) -> None:
         me = self._st.rank
         tl = timeline.current
         reductions: List[Work] = []
         others: List[Work] = []
+        served: List[Key] = []  # what this rank serves with zeros, having joined
         if tl is not None and tl.mark_cycles and responses:
             tl.instant("engine", "CYCLE", ready)
         for response in responses:
@@ -276,12 +286,14 @@ class Engine:
                     join.handle._complete(None, error)
                 continue
             if entry is None:  # joined: take part with zeros, keep nothing
-                self._count_unnamed(response.key)
+                served.append(response.key)
                 work = Work(response.request, execute.zeros_for(response.request), ps,
                             _discard)
             else:
                 work = Work(response.request, entry.inputs, ps, entry.handle._succeed)
             (reductions if response.request.kind in ALLREDUCES else others).append(work)
+        if served:
+            self._count_unnamed(served)
         if reductions:
             trace = None
             if tl is not None:
@@ -301,14 +313,19 @@ class Engine:
                 tl.span(_row_name(work.process_set, work.request.name or ""),
                         "MPI_" + work.request.kind.upper(), start, time.perf_counter())
 
-    def _count_unnamed(self, key: Key) -> None:
-        """A joined rank served another rank's unnamed request ``noname.k``: its own next
-        unnamed request must be numbered after it, as the others' are."""
-        set_id, name = key
-        if name.startswith("noname."):
-            with self._cv:
-                k = int(name[len("noname."):])
-                self._noname[set_id] = max(self._noname.get(set_id, 0), k + 1)
+    def _count_unnamed(self, served: List[Key]) -> None:
+        """A joined rank served other ranks' unnamed requests ``noname.<k mod NONAME_NAMES>``
+        in this round: its own next unnamed request must be numbered after them, as the
+        others' are. Its counter c was theirs when it joined, so each served k is the first
+        number from c on with that remainder."""
+        with self._qlock:
+            after: Dict[int, int] = {}
+            for set_id, name in served:
+                if name.startswith("noname."):
+                    c = self._noname.get(set_id, 0)
+                    k = c + (int(name[len("noname."):]) - c) % NONAME_NAMES
+                    after[set_id] = max(after.get(set_id, c), k + 1)
+            self._noname.update(after)
 
     def _guarded(self, run: Any, works: List[Work]) -> None:
         try:
@@ -332,12 +349,12 @@ class Engine:
     def _clear_bit(self, entry: Entry) -> None:
         position = entry.position
         assert position is not None
-        self._bits[position // 64] &= ~np.uint64(1 << (position % 64))
+        self._bits &= ~(1 << position)
         entry.position = None
 
     def _stop_now(self) -> None:
         self.stopped = True
-        with self._cv:
+        with self._qlock:
             left, self._queue = self._queue, []
         left += list(self._pending.values()) + [e for q in self._later.values() for e in q]
         if self._join_entry is not None:

@@ -15,6 +15,7 @@ Everything here is deterministic given the gathered rows and announcements: ever
 computes the same responses in the same order, which is what lets the engine run them with
 ordinary blocking collectives.
 """
+import struct
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
@@ -24,6 +25,17 @@ from ..checks import LocalError, Request, resolve_or_error
 
 Key = Tuple[int, str]  # (process set id, name)
 HEADER = 4  # [announced count, joined-in round or -1, stopping, cache entries]
+_HEADER = struct.Struct(f"<{HEADER}q")
+
+
+class Rows(NamedTuple):
+    """Every rank's row of a round, parsed."""
+
+    announced: bool  # some rank announced new requests
+    joined: List[int]  # the round each rank joined in, or -1
+    stopping: bool  # every rank is shutting down
+    bits: List[int]  # each rank's pending cache positions (bit p = position p)
+    waiting: int  # how many ranks had something pending (or had joined)
 
 
 class Announcement(NamedTuple):
@@ -59,12 +71,15 @@ class Negotiation:
         self._members = members
         self._cache: Dict[Key, Tuple[int, Request]] = {}
         self._by_position: Dict[int, Key] = {}
-        self._set_masks: Dict[int, np.ndarray] = {}  # process set -> its cache positions' bits
+        self._set_masks: Dict[int, int] = {}  # process set -> its cache positions' bits
         self._free: List[int] = []
         self._next = 0
         self._announced: Dict[Key, Dict[int, Tuple[Request, Optional[LocalError]]]] = {}
         self.first_seen: Dict[Key, float] = {}  # when a pending name was first seen anywhere
-        self.last_rows: Optional[np.ndarray] = None
+        self.last_rows: Optional[Rows] = None
+        self.row_bytes = (HEADER + self.words) * 8
+        self._row = bytearray(self.row_bytes)  # reused: a round's exchange ends within it
+        self.rows = np.empty((size, self.row_bytes // 8), np.int64)  # the gathered rows
 
     # ------------------------------------------------------------------ this rank's row
 
@@ -73,24 +88,42 @@ class Negotiation:
         hit = self._cache.get(key)
         return hit[0] if hit is not None and hit[1] == request else None
 
-    def row(self, bits: np.ndarray, announcing: int, joined_round: int, stop: bool) -> np.ndarray:
-        row = np.empty(HEADER + self.words, np.int64)
-        row[:HEADER] = (announcing, joined_round, int(stop), len(self._cache))
-        row[HEADER:] = bits.view(np.int64)
-        return row
+    def row(self, bits: int, announcing: int, joined_round: int, stop: bool) -> np.ndarray:
+        """This rank's row: header, then ``bits`` (its pending cache positions)."""
+        row = self._row
+        _HEADER.pack_into(row, 0, announcing, joined_round, int(stop), len(self._cache))
+        row[HEADER * 8:] = bits.to_bytes(self.words * 8, "little")
+        return np.frombuffer(row, np.int64)
+
+    def parse(self, rows: np.ndarray) -> Rows:
+        """The gathered rows (one per rank) as Python values."""
+        raw = rows.tobytes()
+        step, at = self.row_bytes, HEADER * 8
+        unpack, from_bytes = _HEADER.unpack_from, int.from_bytes
+        announced, stopping, waiting = False, True, 0
+        joined, bits = [], []
+        for offset in range(0, self.size * step, step):
+            announcing, joined_round, stop, _ = unpack(raw, offset)
+            mine = from_bytes(raw[offset + at:offset + step], "little")
+            announced = announced or announcing > 0
+            stopping = stopping and stop == 1
+            waiting += bool(announcing or mine or joined_round >= 0)
+            joined.append(joined_round)
+            bits.append(mine)
+        return Rows(announced, joined, stopping, bits, waiting)
 
     # ------------------------------------------------------------------ every rank alike
 
-    def decide(self, rows: np.ndarray,
+    def decide(self, rows: Rows,
                announcements: Optional[Sequence[Sequence[Announcement]]]) -> Round:
         """Turn the gathered rows (and announcement lists, when any rank announced) into this
         round's responses; the same on every rank."""
         self.last_rows = rows
-        joined = rows[:, 1] >= 0
-        all_joined = bool(joined.all())
+        joined = [j >= 0 for j in rows.joined]
+        all_joined = all(joined)
         invalidated: Set[Key] = set()
         touched: List[Key] = []
-        now = time.monotonic()
+        now = time.monotonic() if announcements else 0.0
         for rank, announced in enumerate(announcements or ()):
             for key, request, error in announced:
                 if key in self._cache:  # announced although cached: the metadata changed
@@ -111,54 +144,52 @@ class Negotiation:
             del self._announced[key]
             self.first_seen.pop(key, None)
             answers = [table.get(r) for r in self._members(key[0])]
-            request, error = resolve_or_error(answers, key[0] == 0 and bool(joined.any()))
+            request, error = resolve_or_error(answers, key[0] == 0 and any(joined))
             if error is None:
                 self._insert(key, request)
             responses.append(Response(key, request, error))
-        if all_joined:
-            order = rows[:, 1] * self.size + np.arange(self.size)
-            last = int(np.argmax(order))
-        else:
-            last = -1
-        return Round(responses, invalidated, all_joined, last, bool((rows[:, 2] == 1).all()))
+        last = -1
+        if all_joined:  # the rank that joined last; the highest rank on ties
+            last = max(range(self.size), key=lambda r: (rows.joined[r], r))
+        return Round(responses, invalidated, all_joined, last, rows.stopping)
 
     # ------------------------------------------------------------------ internals
 
-    def _active(self, set_id: int, joined: np.ndarray) -> List[int]:
+    def _active(self, set_id: int, joined: List[bool]) -> List[int]:
         members = self._members(set_id)
         if set_id != 0:
             return list(members)
         return [r for r in members if not joined[r]]
 
-    def _cached_ready(self, rows: np.ndarray, joined: np.ndarray,
-                      all_joined: bool) -> List[Response]:
+    def _cached_ready(self, rows: Rows, joined: List[bool], all_joined: bool) -> List[Response]:
         if not self._cache or all_joined:
             return []
-        bits = rows[:, HEADER:].view(np.uint64)
-        if list(self._set_masks) == [0] and not joined.any():  # common: only the global set
-            ready = np.bitwise_and.reduce(bits, axis=0)
+        if len(self._set_masks) == 1 and 0 in self._set_masks and not any(joined):
+            ready = -1  # common: only the global set, nobody joined
+            for bits in rows.bits:
+                ready &= bits
         else:
-            ready = np.zeros(self.words, np.uint64)
+            ready = 0
             for set_id, mask in self._set_masks.items():
                 active = self._active(set_id, joined)
+                for r in active:
+                    mask &= rows.bits[r]
                 if active:
-                    ready |= np.bitwise_and.reduce(bits[active], axis=0) & mask
+                    ready |= mask
         out = []
-        for w in np.flatnonzero(ready):
-            word = int(ready[w])
-            while word:
-                low = word & -word
-                position = w * 64 + low.bit_length() - 1
-                word ^= low
-                key = self._by_position[position]
-                out.append(Response(key, self._cache[key][1], None))
+        while ready:
+            low = ready & -ready
+            ready ^= low
+            key = self._by_position[low.bit_length() - 1]
+            out.append(Response(key, self._cache[key][1], None))
         return out
 
     def _flip(self, set_id: int, position: int) -> None:
         """Set or clear ``position`` in the set's mask (insert sets it, evict clears it)."""
-        mask = self._set_masks.setdefault(set_id, np.zeros(self.words, np.uint64))
-        mask[position // 64] ^= np.uint64(1 << (position % 64))
-        if not mask.any():
+        mask = self._set_masks.get(set_id, 0) ^ (1 << position)
+        if mask:
+            self._set_masks[set_id] = mask
+        else:
             del self._set_masks[set_id]
 
     def _insert(self, key: Key, request: Request) -> None:

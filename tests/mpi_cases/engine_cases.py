@@ -92,3 +92,27 @@ def grouped_shared_memory_from_many_tensors(sizes: List[int]) -> Dict[str, Any]:
     avg = hvd.grouped_allreduce(xs, op=hvd.Average, name="many-avg")
     return dict(sum=[g.tolist() for g in got], avg=[a.tolist() for a in avg],
                 inputs_intact=all(np.array_equal(a, b) for a, b in zip(xs, before)))
+
+
+def unnamed_loop(calls: int) -> Dict[str, Any]:
+    """``calls`` unnamed all-reduces (more than the engine's names for them): every result
+    right, and the names the engine cycles through stay in its cache."""
+    from hvdlike import runtime
+    from hvdlike.engine.engine import NONAME_NAMES
+
+    rank = hvd.rank()
+    wrong = [i for i in range(calls)
+             if hvd.allreduce(np.full(4, float(i + rank)), op=hvd.Sum)[0] != 2 * i + 1]
+    cached = [k for k in runtime.state().engine._neg._cache if k[1].startswith("noname.")]
+    return dict(wrong=wrong, cached=len(cached), names=NONAME_NAMES)
+
+
+def join_after_many_unnamed(steps: int) -> Dict[str, Any]:
+    """Rank 0 runs ``steps`` unnamed all-reduces while rank 1 has joined after 2; afterwards
+    both number their unnamed calls alike, so their next unnamed calls pair up."""
+    rank = hvd.rank()
+    for i in range(steps if rank == 0 else 2):
+        hvd.allreduce(np.ones(3), op=hvd.Sum)
+    hvd.join()
+    after = [hvd.allreduce(np.full(2, float(rank + i)), op=hvd.Sum).tolist() for i in range(3)]
+    return dict(after=after)
