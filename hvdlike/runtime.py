@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence
 
 from . import process_sets as _ps
 from .errors import NotInitializedError
-from . import timeline
+from . import log, timeline
 from .settings import Settings
 
 
@@ -71,6 +71,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     MPI = transport.MPI
     world = (MPI.COMM_WORLD if comm is None else comm).Dup()
     rank, size = world.Get_rank(), world.Get_size()
+    log.setup(rank, settings.log_level)
     _check_same_settings(world, settings)
     local_comm = _split_local(MPI, world, settings.node_names)
     local_rank, local_size = local_comm.Get_rank(), local_comm.Get_size()
@@ -102,8 +103,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
 def _check_same_settings(world: Any, settings: Settings) -> None:
     """Ranks that read different HVDLIKE_* values would pick different fusion buckets or
     transports for the same call and hang: fail on every rank instead, naming the values."""
-    everyone = world.allgather(settings)
-    if all(s == settings for s in everyone):
+    everyone = [dataclasses.replace(s, log_level="") for s in world.allgather(settings)]
+    if all(s == everyone[world.Get_rank()] for s in everyone):
         return
     world.Free()
     differing = []

@@ -11,6 +11,10 @@
 | HVDLIKE_TIMELINE | (unset) | write each rank's timeline (Chrome trace JSON) to this path, with `.rank<r>` before the extension |
 | HVDLIKE_TIMELINE_MARK_CYCLES | 0 | mark every engine round that ran something in the timeline |
 | HVDLIKE_ABORT_ON_EXCEPTION | 1 | an uncaught exception on any rank aborts the whole job |
+| HVDLIKE_STALL_CHECK_TIME_SECONDS | 60 | a rank that has waited this long for a collective that other ranks have not submitted logs which ranks and which collective, once |
+| HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS | 0 | after waiting this long every rank prints that report and exits with status 1 (0: never) |
+| HVDLIKE_STALL_CHECK_DISABLE | 0 | 1 turns the stall inspector off |
+| HVDLIKE_LOG_LEVEL | warning | trace, debug, info, warning, error or fatal: what the `hvdlike` logger prints (on stderr, prefixed with the rank) |
 | HVDLIKE_NODE_NAMES | (unset) | comma-separated node name per world rank, overriding MPI's topology |
 """
 import dataclasses
@@ -30,6 +34,10 @@ class Settings:
     timeline_mark_cycles: bool = False
     abort_on_exception: bool = True
     node_names: Optional[Tuple[str, ...]] = None
+    stall_check: bool = True
+    stall_check_time: float = 60.0
+    stall_shutdown_time: float = 0.0
+    log_level: str = "warning"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
@@ -47,6 +55,12 @@ class Settings:
                                        cls.timeline_mark_cycles),
             abort_on_exception=_bool(env, "HVDLIKE_ABORT_ON_EXCEPTION", cls.abort_on_exception),
             node_names=tuple(n.strip() for n in names.split(",")) if names else None,
+            stall_check=not _bool(env, "HVDLIKE_STALL_CHECK_DISABLE", False),
+            stall_check_time=_seconds(env, "HVDLIKE_STALL_CHECK_TIME_SECONDS",
+                                      cls.stall_check_time, zero=False),
+            stall_shutdown_time=_seconds(env, "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
+                                         cls.stall_shutdown_time, zero=True),
+            log_level=_log_level(env),
         )
 
 
@@ -73,6 +87,24 @@ def _float(env: Mapping[str, str], key: str, default: float) -> float:
     if not value > 0 or value > 60_000:
         raise ValueError(f"{key}={env[key]!r} must be more than 0 and at most 60000 milliseconds")
     return value
+
+
+def _seconds(env: Mapping[str, str], key: str, default: float, zero: bool) -> float:
+    value = _number(env, key, default, float, "a number of seconds")
+    if value < 0 or (value == 0 and not zero) or value != value:
+        least = ">= 0 (0: never)" if zero else "more than 0"
+        raise ValueError(f"{key}={env[key]!r} must be {least} seconds")
+    return value
+
+
+def _log_level(env: Mapping[str, str]) -> str:
+    from .log import LEVELS
+
+    raw = (env.get("HVDLIKE_LOG_LEVEL") or "warning").lower()
+    if raw not in LEVELS:
+        raise ValueError(f"HVDLIKE_LOG_LEVEL={env['HVDLIKE_LOG_LEVEL']!r} is not one of "
+                         + ", ".join(LEVELS))
+    return raw
 
 
 def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:

@@ -29,7 +29,23 @@ def test_overlap_and_timeline_settings():
     assert (s.overlap, s.timeline, s.timeline_mark_cycles) == (False, "/tmp/t.json", True)
 
 
+def test_stall_and_log_settings():
+    s = Settings()
+    assert (s.stall_check, s.stall_check_time, s.stall_shutdown_time, s.log_level) == (
+        True, 60.0, 0.0, "warning")
+    s = Settings.from_env({"HVDLIKE_STALL_CHECK_TIME_SECONDS": "2.5",
+                           "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS": "10",
+                           "HVDLIKE_STALL_CHECK_DISABLE": "1", "HVDLIKE_LOG_LEVEL": "DEBUG"})
+    assert (s.stall_check, s.stall_check_time, s.stall_shutdown_time, s.log_level) == (
+        False, 2.5, 10.0, "debug")
+
+
 @pytest.mark.parametrize("key,value,words", [
+    ("HVDLIKE_STALL_CHECK_TIME_SECONDS", "0", "more than 0 seconds"),
+    ("HVDLIKE_STALL_CHECK_TIME_SECONDS", "1m", "not a number of seconds"),
+    ("HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS", "-1", ">= 0 (0: never) seconds"),
+    ("HVDLIKE_STALL_CHECK_DISABLE", "perhaps", "not a boolean"),
+    ("HVDLIKE_LOG_LEVEL", "loud", "not one of trace, debug, info, warning, error, fatal"),
     ("HVDLIKE_FUSION_THRESHOLD", "64MB", "not an integer"),
     ("HVDLIKE_FUSION_THRESHOLD", "-1", "must be >= 0"),
     ("HVDLIKE_ABORT_ON_EXCEPTION", "maybe", "not a boolean"),

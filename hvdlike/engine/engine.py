@@ -31,6 +31,7 @@ from .. import timeline
 from ..checks import LocalError, Request, raised_on_every_rank
 from ..handles import Handle
 from . import execute
+from .stall import StallInspector
 from .execute import ALLREDUCES, RUNNERS, Work
 from .negotiation import Announcement, Key, Negotiation
 
@@ -44,7 +45,7 @@ class Entry:
     """A request this rank submitted, until its response has run."""
 
     __slots__ = ("key", "request", "error", "inputs", "process_set", "handle", "position",
-                 "announced", "submitted", "carried", "negotiated")
+                 "announced", "warned", "submitted", "carried", "negotiated")
 
     def __init__(self, request: Request, error: Optional[LocalError], inputs: Any,
                  process_set: Any, handle: Handle) -> None:
@@ -53,6 +54,7 @@ class Entry:
         self.process_set, self.handle = process_set, handle
         self.position: Optional[int] = None  # cache position whose bit this entry sets
         self.announced = False
+        self.warned = False  # the stall inspector has reported it
         # perf_counter times: submitted; start and end of the first round that carried it
         self.submitted = time.perf_counter()
         self.carried = self.negotiated = 0.0
@@ -65,6 +67,7 @@ class Engine:
         self._neg = Negotiation(st.size, st.settings.cache_capacity,
                                 lambda set_id: _ps._registry[set_id].ranks)
         self._cycle = st.settings.cycle_time_ms / 1000.0
+        self._stall = StallInspector(st.settings, st.rank)
         self._qlock = threading.Lock()  # guards the queue, the counters and _stopping
         self._cv = threading.Condition(self._qlock)  # wakes the background thread
         self._queue: List[Entry] = []
@@ -225,18 +228,27 @@ class Engine:
         start = time.perf_counter()
         while not request.Test():
             if time.perf_counter() - start > _SPIN_SECONDS:
-                sleep = 20e-6
+                sleep, warned, check = 20e-6, False, start + self._stall.first_check
                 while not request.Test():
                     time.sleep(sleep)
                     sleep = min(2 * sleep, _MAX_SLEEP)
+                    now = time.perf_counter()
+                    if now >= check:  # no answer from some rank for a long time
+                        warned = self._stall.exchange_waited(now - start, warned)
+                        check = now + self._stall.interval
                 break
         return rows
 
     def _negotiate_and_run(self) -> None:
         fresh: List[Entry] = []
         announce = self._take_queue(time.perf_counter(), fresh)
-        row = self._neg.row(self._bits, len(announce), self._joined_round, self._stopping)
+        row = self._neg.row(self._bits, len(announce), self._joined_round, self._stopping,
+                            self._stall.flag)
         rows = self._neg.parse(self._exchange(row))
+        if rows.stalled:  # some rank has waited past the stall shutdown time: every rank ends
+            report = self._stall.report(list(self._pending.values()), self._missing,
+                                        time.perf_counter())
+            self._stall.shut_down(self._ctrl.allgather(report), self._ctrl.Barrier)
         lists = self._ctrl.allgather(announce) if rows.announced else None
         decision = self._neg.decide(rows, lists)
         now = time.perf_counter()
@@ -259,6 +271,21 @@ class Engine:
             entry.handle._complete(decision.last_joined, None)
         if decision.stop:
             self._stop_now()
+        elif self._pending and self._stall.due(now):
+            self._stall.scan(list(self._pending.values()), self._missing, now)
+
+    def _missing(self, entry: Entry) -> List[int]:
+        """The members that had not submitted ``entry``'s request in the last round."""
+        rows = self._neg.last_rows
+        assert rows is not None
+        set_id = entry.key[0]
+        if entry.position is not None:
+            have = [bool(rows.bits[r] >> entry.position & 1) for r in range(self._st.size)]
+        else:
+            table = self._neg.announced(entry.key)
+            have = [r in table for r in range(self._st.size)]
+        return [r for r in _ps._registry[set_id].ranks
+                if not have[r] and not (set_id == 0 and rows.joined[r] >= 0)]
 
     def _run_responses(self, responses: List[Any], ready: float) -> None:
         me = self._st.rank

@@ -16,7 +16,6 @@ computes the same responses in the same order, which is what lets the engine run
 ordinary blocking collectives.
 """
 import struct
-import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import numpy as np
@@ -24,7 +23,7 @@ import numpy as np
 from ..checks import LocalError, Request, resolve_or_error
 
 Key = Tuple[int, str]  # (process set id, name)
-HEADER = 4  # [announced count, joined-in round or -1, stopping, cache entries]
+HEADER = 5  # [announced count, joined-in round or -1, stopping, cache entries, stalled]
 _HEADER = struct.Struct(f"<{HEADER}q")
 
 
@@ -36,6 +35,7 @@ class Rows(NamedTuple):
     stopping: bool  # every rank is shutting down
     bits: List[int]  # each rank's pending cache positions (bit p = position p)
     waiting: int  # how many ranks had something pending (or had joined)
+    stalled: bool  # some rank has waited past the stall shutdown time
 
 
 class Announcement(NamedTuple):
@@ -75,7 +75,6 @@ class Negotiation:
         self._free: List[int] = []
         self._next = 0
         self._announced: Dict[Key, Dict[int, Tuple[Request, Optional[LocalError]]]] = {}
-        self.first_seen: Dict[Key, float] = {}  # when a pending name was first seen anywhere
         self.last_rows: Optional[Rows] = None
         self.row_bytes = (HEADER + self.words) * 8
         self._row = bytearray(self.row_bytes)  # reused: a round's exchange ends within it
@@ -88,10 +87,12 @@ class Negotiation:
         hit = self._cache.get(key)
         return hit[0] if hit is not None and hit[1] == request else None
 
-    def row(self, bits: int, announcing: int, joined_round: int, stop: bool) -> np.ndarray:
+    def row(self, bits: int, announcing: int, joined_round: int, stop: bool,
+            stalled: bool) -> np.ndarray:
         """This rank's row: header, then ``bits`` (its pending cache positions)."""
         row = self._row
-        _HEADER.pack_into(row, 0, announcing, joined_round, int(stop), len(self._cache))
+        _HEADER.pack_into(row, 0, announcing, joined_round, int(stop), len(self._cache),
+                          int(stalled))
         row[HEADER * 8:] = bits.to_bytes(self.words * 8, "little")
         return np.frombuffer(row, np.int64)
 
@@ -100,17 +101,19 @@ class Negotiation:
         raw = rows.tobytes()
         step, at = self.row_bytes, HEADER * 8
         unpack, from_bytes = _HEADER.unpack_from, int.from_bytes
-        announced, stopping, waiting = False, True, 0
+        announced, stopping, waiting, stalled = False, True, 0, False
         joined, bits = [], []
         for offset in range(0, self.size * step, step):
-            announcing, joined_round, stop, _ = unpack(raw, offset)
+            announcing, joined_round, stop, _, stall = unpack(raw, offset)
             mine = from_bytes(raw[offset + at:offset + step], "little")
             announced = announced or announcing > 0
             stopping = stopping and stop == 1
+            stalled = stalled or stall == 1
             waiting += bool(announcing or mine or joined_round >= 0)
             joined.append(joined_round)
             bits.append(mine)
-        return Rows(announced, joined, stopping, bits, waiting)
+        self.last_rows = Rows(announced, joined, stopping, bits, waiting, stalled)
+        return self.last_rows
 
     # ------------------------------------------------------------------ every rank alike
 
@@ -118,31 +121,24 @@ class Negotiation:
                announcements: Optional[Sequence[Sequence[Announcement]]]) -> Round:
         """Turn the gathered rows (and announcement lists, when any rank announced) into this
         round's responses; the same on every rank."""
-        self.last_rows = rows
         joined = [j >= 0 for j in rows.joined]
         all_joined = all(joined)
         invalidated: Set[Key] = set()
         touched: List[Key] = []
-        now = time.monotonic() if announcements else 0.0
         for rank, announced in enumerate(announcements or ()):
             for key, request, error in announced:
                 if key in self._cache:  # announced although cached: the metadata changed
                     self._evict(key)
                     invalidated.add(key)
-                table = self._announced.setdefault(key, {})
-                if not table:
+                if key not in touched:
                     touched.append(key)
-                    self.first_seen.setdefault(key, now)
-                elif key not in touched:
-                    touched.append(key)
-                table[rank] = (request, error)
+                self._announced.setdefault(key, {})[rank] = (request, error)
         responses = self._cached_ready(rows, joined, all_joined)
         for key in touched:
             table = self._announced[key]
             if not all(r in table for r in self._active(key[0], joined)):
                 continue
             del self._announced[key]
-            self.first_seen.pop(key, None)
             answers = [table.get(r) for r in self._members(key[0])]
             request, error = resolve_or_error(answers, key[0] == 0 and any(joined))
             if error is None:
@@ -152,6 +148,10 @@ class Negotiation:
         if all_joined:  # the rank that joined last; the highest rank on ties
             last = max(range(self.size), key=lambda r: (rows.joined[r], r))
         return Round(responses, invalidated, all_joined, last, rows.stopping)
+
+    def announced(self, key: Key) -> Dict[int, Tuple[Request, Optional[LocalError]]]:
+        """The ranks that have announced ``key`` so far (it is not complete yet)."""
+        return self._announced.get(key, {})
 
     # ------------------------------------------------------------------ internals
 

@@ -1,0 +1,42 @@
+"""Scripts for the stall inspector tests, run directly under hvdlikerun.
+
+``python stall_cases.py MODE MISSING``: rank MISSING does not submit a collective that the
+other ranks wait for. Modes:
+
+* ``cached``: the tensor ran twice before (the engine has it cached), then MISSING sleeps;
+* ``new``: a name never seen before;
+* ``late``: MISSING comes 2.5 s late; everyone prints the result;
+* ``process_set``: a collective of the process set [1, 2, 3] that MISSING skips;
+* ``stopped``: MISSING stops its whole process (SIGSTOP), engine included.
+
+Rank 0 prints ``STALL_START <unix time>`` when the wait begins.
+"""
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import hvdlike as hvd
+
+mode, missing = sys.argv[1], int(sys.argv[2])
+hvd.init()
+rank = hvd.rank()
+process_set = hvd.global_process_set
+if mode == "process_set":
+    process_set = hvd.add_process_set([1, 2, 3])
+name = "layer1/kernel" if mode != "new" else "a_new_name"
+if mode in ("cached", "stopped"):
+    for _ in range(2):
+        hvd.allreduce(np.ones(3), name=name)
+hvd.barrier()
+if rank == 0:
+    print(f"STALL_START {time.time():.3f}", flush=True)
+if rank == missing:
+    if mode == "stopped":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(2.5 if mode == "late" else 60)
+if rank in process_set.ranks:
+    out = hvd.allreduce(np.full(3, float(rank)), op=hvd.Sum, name=name, process_set=process_set)
+    print(f"RESULT rank={rank} {out.tolist()}", flush=True)

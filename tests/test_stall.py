@@ -1,0 +1,83 @@
+"""The stall inspector: a collective that some ranks never submit is reported, naming the
+missing ranks and the tensor, and with a shutdown time every rank exits instead of hanging."""
+import re
+import sys
+import time
+
+import pytest
+
+from mpi_harness import TESTS, launch
+
+CASES = str(TESTS / "mpi_cases" / "stall_cases.py")
+STALL = {"HVDLIKE_STALL_CHECK_TIME_SECONDS": "1", "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS": "3"}
+
+
+def _run(np_: int, mode: str, missing: int, env: dict, timeout: float = 40):
+    job = launch(np_, [sys.executable, CASES, mode, str(missing)], timeout=timeout, env=env)
+    ended = time.time()
+    assert not job.timed_out, f"the job hung:\n{job.output[-4000:]}"
+    start = float(re.search(r"^STALL_START (\S+)$", job.output, re.M).group(1))
+    return job, ended - start
+
+
+def _shutdown_lines(output: str, rank: int):
+    return [line for line in output.splitlines()
+            if line.startswith(f"hvdlike[{rank}]: ERROR: stall shutdown")]
+
+
+@pytest.mark.parametrize("np_,missing,mode", [(2, 1, "cached"), (4, 2, "cached"), (2, 1, "new")])
+def test_a_skipped_collective_ends_every_rank_with_a_message_naming_rank_and_tensor(
+        np_, missing, mode):
+    job, waited = _run(np_, mode, missing, STALL)
+    assert job.returncode != 0
+    name = "layer1/kernel" if mode == "cached" else "a_new_name"
+    for rank in range(np_):
+        lines = _shutdown_lines(job.output, rank)
+        assert len(lines) == 1, f"rank {rank}:\n{job.output[-3000:]}"
+        waiting = sorted(set(range(np_)) - {missing})
+        assert (f"rank {waiting[0]} has waited" if np_ == 2 else f"ranks {waiting} have waited"
+                ) in lines[0]
+        assert f"allreduce {name!r}, which ranks [{missing}] have not submitted" in lines[0]
+    for waiting in set(range(np_)) - {missing}:  # the warning came first, once per rank
+        warnings = [line for line in job.output.splitlines()
+                    if line.startswith(f"hvdlike[{waiting}]: WARNING: stalled:")]
+        assert len(warnings) == 1 and f"which ranks [{missing}]" in warnings[0]
+    assert "RESULT" not in job.output
+    assert waited <= 3 + 5, f"ended {waited:.1f} s after the stall began"
+
+
+def test_a_late_rank_is_reported_once_and_the_job_goes_on():
+    job, _ = _run(2, "late", 1, {"HVDLIKE_STALL_CHECK_TIME_SECONDS": "1"})
+    assert job.returncode == 0, job.output[-3000:]
+    warnings = [line for line in job.output.splitlines() if "WARNING: stalled" in line]
+    assert len(warnings) == 1, job.output[-3000:]
+    assert warnings[0].startswith("hvdlike[0]: WARNING: stalled: rank 0 has waited")
+    assert "allreduce 'layer1/kernel', which ranks [1] have not submitted" in warnings[0]
+    for rank in range(2):
+        assert f"RESULT rank={rank} [1.0, 1.0, 1.0]" in job.output
+
+
+def test_the_stall_inspector_can_be_turned_off():
+    job, _ = _run(2, "late", 1, {"HVDLIKE_STALL_CHECK_TIME_SECONDS": "1",
+                                 "HVDLIKE_STALL_CHECK_DISABLE": "1"})
+    assert job.returncode == 0, job.output[-3000:]
+    assert "stalled" not in job.output
+    assert job.output.count("RESULT") == 2
+
+
+def test_a_process_set_collective_names_its_set_and_missing_member():
+    job, waited = _run(4, "process_set", 3, STALL)
+    assert job.returncode != 0
+    line = _shutdown_lines(job.output, 0)[0]
+    assert "ranks [1, 2] have waited" in line
+    assert "on process set 1, which ranks [3] have not submitted" in line
+    assert waited <= 3 + 5
+
+
+def test_a_rank_whose_engine_stops_answering_ends_the_job():
+    # SIGSTOP stops the whole process, engine thread included: its peers' rounds get no answer
+    job, waited = _run(2, "stopped", 1, STALL)
+    assert job.returncode != 0
+    assert "hvdlike[0]: ERROR: stall shutdown" in job.output
+    assert "no answer from some rank" in job.output
+    assert waited <= 3 + 5
