@@ -14,6 +14,10 @@ from hvdlike.tensorflow import compat
 keras = compat.keras()
 r, n = hvd.rank(), hvd.size()
 RTOL, ATOL = 1e-5, 1e-6
+# Adam divides each step by the root of the gradient's second moment, so where a gradient is
+# near zero the last-bit difference between the mean of two half-batch means and one
+# full-batch mean grows: 2.5e-6 on one weight of 43,264 after an epoch on some CPUs
+ADAM_ATOL = 1e-5
 STEPS = 3
 strategy = hvd.MPIStrategy()
 
@@ -112,7 +116,7 @@ def _():
     model.fit(global_dataset(), epochs=1, verbose=0)
     ref = ref_model("adam")
     for a, b in zip(model.get_weights(), ref.get_weights()):
-        assert_close(a, b, rtol=RTOL, atol=ATOL, msg="fit (Adam) vs single process")
+        assert_close(a, b, rtol=RTOL, atol=ADAM_ATOL, msg="fit (Adam) vs single process")
     same_on_every_rank(model.get_weights(), "weights after fit (Adam)")
 
 
