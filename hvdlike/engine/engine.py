@@ -26,6 +26,8 @@ from typing import Any, Deque, Dict, List, Optional
 
 import numpy as np
 
+from mpi4py.MPI import Exception as MPIException
+
 from .. import process_sets as _ps
 from .. import timeline
 from ..checks import LocalError, Request, raised_on_every_rank
@@ -67,6 +69,10 @@ class Engine:
         self._neg = Negotiation(st.size, st.settings.cache_capacity,
                                 lambda set_id: _ps._registry[set_id].ranks)
         self._cycle = st.settings.cycle_time_ms / 1000.0
+        try:  # a persistent all-gather (MPI-4) of the rows: half the cost of MPI_Iallgather
+            self._gather: Any = self._ctrl.Allgather_init(self._neg.row_array, self._neg.rows)
+        except (NotImplementedError, AttributeError, MPIException):
+            self._gather = None
         self._stall = StallInspector(st.settings, st.rank)
         self._qlock = threading.Lock()  # guards the queue, the counters and _stopping
         self._cv = threading.Condition(self._qlock)  # wakes the background thread
@@ -143,6 +149,8 @@ class Engine:
             self._stopping = True
             self._cv.notify()
         self._thread.join()
+        if self._gather is not None:
+            self._gather.Free()
         self._ctrl.Free()
 
     def forget_set(self, set_id: int) -> None:
@@ -224,7 +232,11 @@ class Engine:
 
     def _exchange(self, row: np.ndarray) -> np.ndarray:
         rows = self._neg.rows
-        request = self._ctrl.Iallgather(row, rows)
+        if self._gather is not None:
+            request = self._gather
+            request.Start()
+        else:
+            request = self._ctrl.Iallgather(row, rows)
         start = time.perf_counter()
         while not request.Test():
             if time.perf_counter() - start > _SPIN_SECONDS:

@@ -77,8 +77,11 @@ class Negotiation:
         self._announced: Dict[Key, Dict[int, Tuple[Request, Optional[LocalError]]]] = {}
         self.last_rows: Optional[Rows] = None
         self.row_bytes = (HEADER + self.words) * 8
-        self._row = bytearray(self.row_bytes)  # reused: a round's exchange ends within it
-        self.rows = np.empty((size, self.row_bytes // 8), np.int64)  # the gathered rows
+        # this rank's row and everyone's: the same buffers every round (a round's exchange
+        # ends within it), so that the exchange can be a persistent collective
+        self._row = bytearray(self.row_bytes)
+        self.row_array = np.frombuffer(self._row, np.int64)
+        self.rows = np.empty((size, self.row_bytes // 8), np.int64)
 
     # ------------------------------------------------------------------ this rank's row
 
@@ -94,7 +97,7 @@ class Negotiation:
         _HEADER.pack_into(row, 0, announcing, joined_round, int(stop), len(self._cache),
                           int(stalled))
         row[HEADER * 8:] = bits.to_bytes(self.words * 8, "little")
-        return np.frombuffer(row, np.int64)
+        return self.row_array
 
     def parse(self, rows: np.ndarray) -> Rows:
         """The gathered rows (one per rank) as Python values."""
