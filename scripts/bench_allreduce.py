@@ -31,11 +31,13 @@ and writes ``OUT.json`` (all numbers and metadata) and ``OUT.png`` (algbw vs siz
 
 ``--together`` times each call on its own, started together on every rank right after a
 barrier (the barrier is not timed), as a training step's single all-reduce starts: the
-per-call fixed costs then show instead of being hidden by back-to-back calls.
+per-call fixed costs then show instead of being hidden by back-to-back calls. It also times
+how long ``allreduce_async`` takes to return on rank 0 while the other ranks submit the same
+name 20 ms later (median of 30).
 
 All ranks must get the same arguments. Targets checked (they are defined at np=2): hvdlike >= 0.95x raw throughput for every size
 >= 1 MiB, and hvdlike latency <= 10x raw at 1 KiB; with ``--together`` also >= 1.3x raw at
-1 MiB and >= 1.8x at 64 MiB.
+1 MiB and >= 1.8x at 64 MiB, and an async call returning in <= 50 us before its peers.
 """
 import argparse
 import datetime
@@ -64,6 +66,8 @@ BYTES_PER_BATCH = 16 * 1024 * 1024
 MIN_ITERS, MAX_ITERS = 4, 500
 TARGET_BIG_BYTES = 1 << 20  # throughput target applies at and above 1 MiB
 TARGET_TOGETHER = {1 << 20: 1.3, 64 << 20: 1.8}  # --together: single calls vs raw MPI
+TARGET_ASYNC_SUBMIT_S = 50e-6  # --together: allreduce_async returns this fast on an early rank
+ASYNC_PEER_DELAY_S = 0.02
 TARGET_BIG_RATIO = 0.95
 TARGET_SMALL_BYTES = 1 << 10  # latency target applies at 1 KiB
 TARGET_SMALL_FACTOR = 10.0
@@ -265,6 +269,30 @@ def table(rows: List[Dict], primary: str, secondary: Optional[str]) -> str:
     return "\n".join(lines)
 
 
+def async_submit(comm: MPI.Comm, repeats: int = 30) -> Dict:
+    """How long ``allreduce_async`` (1 KiB) takes to return on rank 0 while the other ranks
+    submit the same name ASYNC_PEER_DELAY_S later: the call must not wait for them."""
+    x = np.ones(256, np.float32)
+    times, done_at_return = [], 0
+    for _ in range(repeats):
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            t0 = time.perf_counter()
+            handle = hvd.allreduce_async(x, op=hvd.Sum, name="bench.async_submit")
+            times.append(time.perf_counter() - t0)
+            done_at_return += handle.poll()
+        else:
+            time.sleep(ASYNC_PEER_DELAY_S)
+            handle = hvd.allreduce_async(x, op=hvd.Sum, name="bench.async_submit")
+        handle.synchronize()
+    median = statistics.median(times) if times else 0.0
+    return {"rule": f"allreduce_async returns in <= {TARGET_ASYNC_SUBMIT_S * 1e6:.0f} us while "
+                    f"the peers call {ASYNC_PEER_DELAY_S * 1e3:.0f} ms later",
+            "median_s": median, "max_s": max(times) if times else 0.0,
+            "done_at_return": done_at_return, "repeats": repeats,
+            "met": median <= TARGET_ASYNC_SUBMIT_S and done_at_return == 0}
+
+
 def check_targets(rows: List[Dict], primary: str, nranks: int, together: bool = False) -> Dict:
     big = [r for r in rows if r["bytes"] >= TARGET_BIG_BYTES]
     small = [r for r in rows if r["bytes"] == TARGET_SMALL_BYTES]
@@ -319,6 +347,11 @@ def targets_text(t: Dict) -> str:
     for size, tt in t.get("started_together", {}).items():
         got = "" if tt["met"] is None else f" ({tt['ratio']:.2f}x)"
         lines.append(f"  started together, {size}: {tt['rule']}: {verdict(tt['met'])}{got}")
+    if "async_submit" in t:
+        a = t["async_submit"]
+        lines.append(f"  {a['rule']}: {verdict(a['met'])} (median {fmt_time(a['median_s'])}, "
+                     f"max {fmt_time(a['max_s'])}, {a['done_at_return']} of {a['repeats']} "
+                     "done at return)")
     return "\n".join(lines)
 
 
@@ -486,12 +519,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"page faults/call hvdlike {p['minor_faults_per_call']:.0f} raw "
                   f"{raw['minor_faults_per_call']:.0f}  "
                   f"({iters} calls x {args.batches} batches, {row['wall_s']:.1f} s)", flush=True)
+    submit = async_submit(comm) if args.together and nranks > 1 else None
     total = time.perf_counter() - started
     hvd.barrier()
 
     if rank == 0:
         meta["wall_s"] = total
         targets = check_targets(rows, primary, nranks, args.together)
+        if submit is not None:
+            targets["async_submit"] = submit
         print()
         print(table(rows, primary, secondary))
         print()

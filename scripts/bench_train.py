@@ -75,7 +75,7 @@ def worker(args):
             m.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=0)
             dt = (time.perf_counter() - t0) / args.steps
             times[kind].append(float(hvd.allreduce(np.array(dt), op=hvd.Max)))
-    res = {"np": hvd.size(), "model": args.model, "batch_size_per_rank": args.batch_size,
+    res = {"np": hvd.size(), "mode": "hvdlike", "model": args.model, "batch_size_per_rank": args.batch_size,
            "threads": args.threads, "steps": args.steps, "repeats": args.repeats,
            "overlap": os.environ.get("HVDLIKE_OVERLAP", "1") != "0"}
     for kind, ts in times.items():
@@ -101,6 +101,83 @@ def worker(args):
         Path(args.json).write_text(json.dumps(res, indent=2))
 
 
+def worker_mwms(args):
+    """Native tf.distribute.MultiWorkerMirroredStrategy, started from the MPI world with
+    hvdlike's TF_CONFIG emulation, on the same model, per-replica batch and threads. tf_keras:
+    Keras 3 fit does not run under it (see scripts/compare_tf_distribute.py). Times a plain
+    tf_keras model (no strategy) in the same job for its overhead ratio."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import socket
+    import hvdlike as core
+    from hvdlike.tensorflow import export_tf_config
+    core.init()
+    # test hosts have no DNS names: the driver passes name=address pairs
+    addresses = dict(pair.split("=") for pair in
+                     os.environ.get("BENCH_HOST_ADDRESSES", "").split(",") if pair)
+    export_tf_config(host=addresses.get(socket.gethostname()))
+    import numpy as np
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    import tf_keras as keras
+    n = core.size()
+    shape, classes = ((224, 224, 3), 1000) if args.model == "resnet50" else ((28, 28, 1), 10)
+
+    def build():
+        keras.utils.set_random_seed(0)
+        if args.model == "resnet50":
+            m = keras.applications.ResNet50(weights=None, input_shape=shape, classes=classes)
+        else:
+            m = keras.Sequential([
+                keras.Input(shape),
+                keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
+                keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
+                keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
+                keras.layers.Dense(classes)])
+        m.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(
+                      from_logits=args.model != "resnet50"))
+        return m
+
+    def dataset(batch):
+        rng = np.random.RandomState(core.rank())
+        x = rng.uniform(size=(batch,) + shape).astype(np.float32)
+        y = rng.randint(0, classes, size=(batch,)).astype(np.int64)
+        ds = tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(4)
+        options = tf.data.Options()  # every worker feeds its own batches
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF)
+        return ds.with_options(options)
+
+    with strategy.scope():
+        models = {"distributed": build()}
+    models["plain"] = build()  # outside the scope: no strategy, per-replica batch
+    data = {"distributed": dataset(args.batch_size * n), "plain": dataset(args.batch_size)}
+    for kind, m in models.items():
+        m.fit(data[kind], steps_per_epoch=args.warmup, epochs=1, verbose=0)
+    times = {k: [] for k in models}
+    for _ in range(args.repeats):
+        for kind in ("plain", "distributed"):
+            core.barrier()
+            t0 = time.perf_counter()
+            models[kind].fit(data[kind], steps_per_epoch=args.steps, epochs=1, verbose=0)
+            dt = (time.perf_counter() - t0) / args.steps
+            times[kind].append(float(core.allreduce(np.array(dt), op=core.Max)))
+    res = {"np": n, "mode": "mwms", "model": args.model, "batch_size_per_rank": args.batch_size,
+           "threads": args.threads, "steps": args.steps, "repeats": args.repeats,
+           "overlap": None, "allreduce_alone_s": None, "hidden_fraction": None}
+    for kind, ts in times.items():
+        step = float(np.min(ts))
+        res[kind] = {"step_time_s": step, "median_step_time_s": float(np.median(ts)),
+                     "step_times_s": ts, "img_per_s_per_rank": args.batch_size / step,
+                     "img_per_s_total": args.batch_size * n / step}
+    res["overhead_ratio"] = res["distributed"]["step_time_s"] / res["plain"]["step_time_s"]
+    if core.rank() == 0:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+
+
 def driver(args):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,25 +191,29 @@ def driver(args):
     results = []
     overlaps = {"on": ["1"], "off": ["0"], "both": ["1", "0"]}[args.overlap]
     runs = [(n, o) for n in [int(v) for v in args.nps.split(",")]
-            for o in (overlaps if n > 1 else ["1"])]
+            for o in (overlaps if n > 1 else ["1"]) + (["mwms"] if args.mwms and n > 1 else [])]
     for n, overlap in runs:
-        run_env = dict(env, HVDLIKE_OVERLAP=overlap)
-        if args.timeline:
+        mode = "mwms" if overlap == "mwms" else "hvdlike"
+        run_env = dict(env, HVDLIKE_OVERLAP="1" if mode == "mwms" else overlap)
+        if args.timeline and mode == "hvdlike":
             run_env["HVDLIKE_TIMELINE"] = str(out / f"timeline_np{n}_overlap{overlap}.json")
         with tempfile.TemporaryDirectory() as d:
             js = Path(d) / "r.json"
             program = [sys.executable, __file__, "--worker", "--json", str(js),
                        "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                        "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-                       "--threads", str(args.threads), "--model", args.model]
+                       "--threads", str(args.threads), "--model", args.model, "--mode", mode]
             launcher = str(mpirun if mpirun.exists() else "mpirun")
             cluster = None
             if args.hosts_link and n > 1:
                 from hvdlike.testing.cluster import Cluster
                 link = None if args.hosts_link == "none" else args.hosts_link
                 cluster = Cluster(hosts=n, link=link, prefix="hvdb", net=79).up()
+                run_env["BENCH_HOST_ADDRESSES"] = ",".join(
+                    f"{name}={a}" for name, a in zip(cluster.names, cluster.addresses))
                 names = ["PYTHONPATH", "HVDLIKE_OVERLAP", "OMP_NUM_THREADS", "OMPI_MCA_osc",
-                         "TF_CPP_MIN_LOG_LEVEL"] + (["HVDLIKE_TIMELINE"] if args.timeline else [])
+                         "TF_CPP_MIN_LOG_LEVEL", "BENCH_HOST_ADDRESSES"] + (
+                             ["HVDLIKE_TIMELINE"] if args.timeline else [])
                 cmd = cluster.command_on(0, cluster.mpirun_argv(
                     launcher, [1] * n, program, [a for v in names for a in ("-x", v)]))
             else:
@@ -144,29 +225,42 @@ def driver(args):
                 if cluster is not None:
                     cluster.down()
             if p.returncode != 0 or not js.exists():
-                sys.exit(f"np={n} overlap={overlap} failed (rc={p.returncode}):\n{p.stdout[-4000:]}")
+                sys.exit(f"np={n} {mode} overlap={overlap} failed (rc={p.returncode}):\n{p.stdout[-4000:]}")
             results.append(json.loads(js.read_text()))
     base = next((r for r in results if r["np"] == 1), None)
+
+    def label(r):
+        return "mwms" if r["mode"] == "mwms" else ("on" if r["overlap"] else "off")
+
     for r in results:
         r["scaling_efficiency"] = (r["distributed"]["img_per_s_total"]
                                    / (r["np"] * base["distributed"]["img_per_s_total"])
                                    if base else None)
-    hdr = (f"{'np':>3} {'overlap':>7} {'plain ms/step':>14} {'dist ms/step':>13} {'dist/plain':>10} "
+    hdr = (f"{'np':>3} {'run':>7} {'plain ms/step':>14} {'dist ms/step':>13} {'dist/plain':>10} "
            f"{'img/s/rank':>11} {'img/s total':>12} {'scaling eff.':>13} "
            f"{'allreduce ms':>13} {'hidden':>7}")
     lines = [hdr, "-" * len(hdr)]
     for r in results:
         eff = r["scaling_efficiency"]
-        hidden = "" if r["np"] == 1 else f"{100 * r['hidden_fraction']:.0f}%"
-        lines.append(f"{r['np']:>3} {('on' if r['overlap'] else 'off'):>7} "
+        hidden = "" if r["hidden_fraction"] is None or r["np"] == 1 else (
+            f"{100 * r['hidden_fraction']:.0f}%")
+        alone = "" if r["allreduce_alone_s"] is None else f"{1e3 * r['allreduce_alone_s']:.1f}"
+        lines.append(f"{r['np']:>3} {label(r):>7} "
                      f"{1e3 * r['plain']['step_time_s']:>14.2f} "
                      f"{1e3 * r['distributed']['step_time_s']:>13.2f} "
                      f"{r['overhead_ratio']:>10.3f} "
                      f"{r['distributed']['img_per_s_per_rank']:>11.0f} "
                      f"{r['distributed']['img_per_s_total']:>12.0f} "
                      f"{'' if eff is None else f'{100 * eff:.1f}%':>13} "
-                     f"{1e3 * r['allreduce_alone_s']:>13.1f} "
+                     f"{alone:>13} "
                      f"{hidden:>7}")
+    for r in results:  # hvdlike (overlap on) against native MWMS on the same world size
+        native = next((m for m in results if m["mode"] == "mwms" and m["np"] == r["np"]), None)
+        if native is not None and r["mode"] == "hvdlike" and r["overlap"]:
+            r["vs_mwms"] = (r["distributed"]["img_per_s_total"]
+                            / native["distributed"]["img_per_s_total"])
+            lines.append(f"np={r['np']}: hvdlike (overlap on) img/s / native MWMS img/s = "
+                         f"{r['vs_mwms']:.2f}")
     table = "\n".join(lines)
     what = "ResNet-50 224x224" if args.model == "resnet50" else "small CNN"
     where = (f", {args.hosts_link} links between test hosts (1 rank each)" if args.hosts_link
@@ -182,8 +276,7 @@ def driver(args):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        nps = [f"{r['np']}" + ("" if r["np"] == 1 else f" ({'on' if r['overlap'] else 'off'})")
-               for r in results]
+        nps = [f"{r['np']}" + ("" if r["np"] == 1 else f" ({label(r)})") for r in results]
         xs = range(len(nps))
         a1.bar([i - 0.2 for i in xs], [r["plain"]["img_per_s_total"] for r in results], 0.4,
                label="plain optimizer (no communication)")
@@ -192,7 +285,7 @@ def driver(args):
         a1.set_xticks(list(xs), [f"np={n}" for n in nps], fontsize=8)
         a1.set_ylabel("img/s (total)")
         a1.legend(fontsize=8)
-        a1.set_title(f"Throughput, {what} (overlap on/off)")
+        a1.set_title(f"Throughput, {what} (overlap on/off, mwms: native)", fontsize=9)
         a2.bar(list(xs), [r["overhead_ratio"] for r in results])
         a2.axhline(1.05, color="r", ls="--", label="+5%")
         a2.set_xticks(list(xs), [f"np={n}" for n in nps], fontsize=8)
@@ -221,14 +314,21 @@ def main():
                    help="run each multi-rank run as that many test hosts x 1 rank "
                         "(hvdlike.testing.cluster, root only) with links shaped to RATE "
                         "(e.g. 1gbit; 'none': unshaped)")
+    p.add_argument("--mwms", action="store_true",
+                   help="also run native MultiWorkerMirroredStrategy (tf_keras, TF_CONFIG from "
+                        "hvdlike's emulation) for each world size > 1")
     p.add_argument("--timeline", action="store_true",
                    help="write each run's timeline (HVDLIKE_TIMELINE) into --out")
     p.add_argument("--out", default=str(REPO / "results" / "bench_train"))
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="hvdlike", help=argparse.SUPPRESS)
     args = p.parse_args()
-    worker(args) if args.worker else driver(args)
+    if args.worker:
+        worker_mwms(args) if args.mode == "mwms" else worker(args)
+    else:
+        driver(args)
 
 
 if __name__ == "__main__":

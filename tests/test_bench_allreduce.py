@@ -32,3 +32,6 @@ def test_bench_allreduce_together_mode_reports_its_targets(tmp_path):
     assert targets["started_together"]["1 MiB"]["ratio"] > 0
     assert targets["started_together"]["64 MiB"]["met"] is None  # not measured in this run
     assert "started together, 1 MiB: >= 1.3x raw" in job.output
+    submit = targets["async_submit"]
+    assert submit["repeats"] == 30 and 0 < submit["median_s"] <= submit["max_s"]
+    assert "allreduce_async returns in <= 50 us while the peers call 20 ms later" in job.output

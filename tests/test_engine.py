@@ -57,7 +57,7 @@ def test_a_cached_name_with_new_metadata_is_negotiated_again():
                          ids=["shm", "shm-rounds", "mpi"])
 @pytest.mark.parametrize("np_", [2, 4])
 def test_grouped_allreduce_straight_from_tensor_memory_matches_numpy(np_, env):
-    sizes = [1, 7, 64, 3, 1000, 5, 129]
+    sizes = [1, 7, 20000, 64, 3, 1000, 30000, 5, 129]  # small ones are packed, large not
     for r in run_mpi(np_, "engine_cases:grouped_shared_memory_from_many_tensors", timeout=60,
                      env=env, sizes=sizes):
         total = sum(range(1, np_ + 1))

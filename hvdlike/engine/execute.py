@@ -171,7 +171,7 @@ def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray],
     total = sum(r.nbytes for r in recvs)
     shm = ps._shm
     if shm is not None and total >= st.settings.shm_threshold and shm.reserve(total):
-        shm.allreduce_many(sends, recvs, wire, scale)
+        _shm_allreduce(shm, sends, recvs, wire, scale, work)
         clock.done("SHM_ALLREDUCE")
     elif len(recvs) == 1:
         st.transport.allreduce(ps._comm, None if sends[0] is recvs[0] else sends[0], recvs[0],
@@ -199,6 +199,35 @@ def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray],
     if work != dtype and dtype.kind != "b":
         clock.done("CAST_OUT")
     return out
+
+
+_SMALL = 64 * 1024  # bytes: tensors below this travel together in one packed array
+
+
+def _shm_allreduce(shm: Any, sends: List[np.ndarray], recvs: List[np.ndarray], op: ReduceOp,
+                   scale: Optional[InPlacePass], work: np.dtype) -> None:
+    """The shared-memory all-reduce of a bucket, straight from the tensors' memory; the small
+    tensors (biases, norms: most of a model's tensors, little of its bytes) are packed into
+    one array first, which saves the per-tensor cost of each of the transport's passes."""
+    small = [i for i, r in enumerate(recvs) if r.nbytes < _SMALL]
+    if len(small) < 2:
+        shm.allreduce_many(sends, recvs, op, scale)
+        return
+    size = sum(recvs[i].size for i in small)
+    send_base, recv_base = _pool.acquire(work, size), _pool.acquire(work, size)
+    packed_send, packed_recv = send_base[:size], recv_base[:size]
+    fusion.pack([sends[i] for i in small], packed_send)
+    first, rest = small[0], set(small[1:])  # the packed array takes the first one's place
+    keep = [i for i in range(len(recvs)) if i not in rest]
+    shm.allreduce_many([packed_send if i == first else sends[i] for i in keep],
+                       [packed_recv if i == first else recvs[i] for i in keep], op, scale)
+    offset = 0
+    for i in small:
+        r = recvs[i]
+        r.reshape(-1)[:] = packed_recv[offset:offset + r.size]
+        offset += r.size
+    _pool.release(send_base)
+    _pool.release(recv_base)
 
 
 def _result(buf: np.ndarray, dtype: np.dtype) -> np.ndarray:
