@@ -7,6 +7,7 @@ simulate several nodes on one machine.
 import atexit
 import dataclasses
 import importlib.util
+import os
 import sys
 import time
 from types import ModuleType
@@ -15,7 +16,7 @@ from typing import Any, List, Optional, Sequence
 from . import process_sets as _ps
 from .errors import NotInitializedError
 from . import log, timeline
-from .settings import Settings
+from .settings import Settings, with_horovod_names
 
 
 _QUIET_ABORT_DELAY = 3.0  # seconds
@@ -73,6 +74,9 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     rank, size = world.Get_rank(), world.Get_size()
     log.setup(rank, settings.log_level)
     _check_same_settings(world, settings)
+    if rank == 0:  # once per job
+        for note in with_horovod_names(os.environ)[1]:
+            log.logger.warning(note)
     local_comm = _split_local(MPI, world, settings.node_names)
     local_rank, local_size = local_comm.Get_rank(), local_comm.Get_size()
     cross_comm = world.Split(color=local_rank, key=rank)

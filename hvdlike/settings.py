@@ -19,7 +19,47 @@
 """
 import dataclasses
 import os
-from typing import Any, Callable, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+
+# Horovod's names for the settings hvdlike has, so that a Horovod job script keeps its tuning.
+# The HVDLIKE_ name wins where both are set.
+HOROVOD_NAMES = {
+    "HOROVOD_FUSION_THRESHOLD": "HVDLIKE_FUSION_THRESHOLD",
+    "HOROVOD_CYCLE_TIME": "HVDLIKE_CYCLE_TIME",
+    "HOROVOD_CACHE_CAPACITY": "HVDLIKE_CACHE_CAPACITY",
+    "HOROVOD_TIMELINE": "HVDLIKE_TIMELINE",
+    "HOROVOD_TIMELINE_MARK_CYCLES": "HVDLIKE_TIMELINE_MARK_CYCLES",
+    "HOROVOD_STALL_CHECK_DISABLE": "HVDLIKE_STALL_CHECK_DISABLE",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "HVDLIKE_STALL_CHECK_TIME_SECONDS",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
+    "HOROVOD_LOG_LEVEL": "HVDLIKE_LOG_LEVEL",
+}
+# Horovod settings hvdlike has no equivalent for (yet): said once per job, then ignored
+HOROVOD_IGNORED = {
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": "hvdlike has no hierarchical all-reduce yet",
+    "HOROVOD_HIERARCHICAL_ALLGATHER": "hvdlike has no hierarchical all-gather yet",
+    "HOROVOD_GPU_OPERATIONS": "hvdlike has no GPU path yet",
+}
+
+
+def with_horovod_names(env: Mapping[str, str]) -> Tuple[Dict[str, str], List[str]]:
+    """``env`` with every HVDLIKE_ setting that is unset taken from its Horovod name, and what
+    to tell the user once: names that disagree, Horovod settings that have no effect."""
+    merged, notes = dict(env), []
+    for horovod, ours in HOROVOD_NAMES.items():
+        theirs = env.get(horovod)
+        if theirs is None or theirs == "":
+            continue
+        mine = env.get(ours)
+        if mine is None or mine == "":
+            merged[ours] = theirs
+        elif mine != theirs:
+            notes.append(f"{ours}={mine!r} and {horovod}={theirs!r} disagree; using {ours}")
+    for horovod, why in HOROVOD_IGNORED.items():
+        if env.get(horovod) not in (None, "", "0"):
+            notes.append(f"{horovod} is ignored: {why}")
+    return merged, notes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +81,19 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
-        """Read the HVDLIKE_* variables; a malformed value raises ValueError naming it."""
+        """Read the HVDLIKE_* variables (and Horovod's names for them, see HOROVOD_NAMES); a
+        malformed value raises ValueError naming the variable it came from."""
+        merged, _ = with_horovod_names(env)
+        try:
+            return cls._parse(merged)
+        except ValueError as exc:
+            for horovod, ours in HOROVOD_NAMES.items():
+                if str(exc).startswith(f"{ours}=") and ours not in env and horovod in env:
+                    raise ValueError(str(exc).replace(ours, horovod)) from None
+            raise
+
+    @classmethod
+    def _parse(cls, env: Mapping[str, str]) -> "Settings":
         names = env.get("HVDLIKE_NODE_NAMES")
         return cls(
             fusion_threshold=_int(env, "HVDLIKE_FUSION_THRESHOLD", cls.fusion_threshold),

@@ -418,3 +418,63 @@ def test_oversubscribed_hosts_get_mpi_yield_when_idle_unless_set():
     assert not yields(np=2 * cores, hosts=f"a:{cores},b:{cores}")
     assert not yields(np=cores + 1, mpi_args="--mca mpi_yield_when_idle 0")
     assert not yields(np=cores + 1, env={"OMPI_MCA_mpi_yield_when_idle": "0", "PATH": "/usr/bin"})
+
+
+# --- horovodrun's flags --------------------------------------------------------------------
+
+def test_horovodrun_tuning_flags_become_hvdlike_settings(openmpi):
+    words = shlex.split(run_launcher(
+        "-np", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "3.5",
+        "--cache-capacity", "256", "--timeline-filename", "/tmp/tl.json", "--timeline-mark-cycles",
+        "--stall-check-warning-time-seconds", "20", "--stall-check-shutdown-time-seconds", "90",
+        "--log-level", "debug", "--no-stall-check", "--dry-run", "python", "train.py").stdout)
+    start = words.index(openmpi)
+    assigned = dict(w.split("=", 1) for w in words[:start])
+    assert {k: v for k, v in assigned.items() if k.startswith("HVDLIKE_")} == {
+        "HVDLIKE_FUSION_THRESHOLD": str(32 << 20), "HVDLIKE_CYCLE_TIME": "3.5",
+        "HVDLIKE_CACHE_CAPACITY": "256", "HVDLIKE_TIMELINE": "/tmp/tl.json",
+        "HVDLIKE_TIMELINE_MARK_CYCLES": "1", "HVDLIKE_STALL_CHECK_TIME_SECONDS": "20",
+        "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS": "90", "HVDLIKE_LOG_LEVEL": "debug",
+        "HVDLIKE_STALL_CHECK_DISABLE": "1"}
+    assert words[-2:] == ["python", "train.py"]
+
+
+def test_horovodrun_launch_flags_become_open_mpi_options(openmpi):
+    words = shlex.split(run_launcher(
+        "-np", "2", "-p", "2222", "-i", "/keys/id", "--network-interface", "eth1",
+        "--output-filename", "/tmp/out", "--dry-run", "python", "train.py").stdout)
+    cmd = " ".join(words[words.index(openmpi):])
+    assert "--mca plm_rsh_args -p 2222 -i /keys/id" in cmd
+    assert "--mca btl_tcp_if_include eth1 --mca oob_tcp_if_include eth1" in cmd
+    assert "--output-filename /tmp/out python train.py" in cmd
+
+
+def test_horovodrun_launch_flags_become_hydra_options():
+    mpiexec = os.path.join(mpich_prefix(), "bin", "mpiexec")
+    words = shlex.split(run_launcher("-np", "2", "--mpirun", mpiexec, "-p", "2222",
+                                     "--network-interface", "eth1", "--dry-run", "python",
+                                     "train.py").stdout)
+    cmd = " ".join(words[words.index(mpiexec):])
+    assert "-launcher ssh -launcher-exec ssh -p 2222 -iface eth1 python train.py" in cmd
+    done = run_launcher("-np", "2", "--mpirun", mpiexec, "--output-filename", "/tmp/o",
+                        "--dry-run", "python", "train.py")
+    assert done.returncode == 2 and "MPICH and Intel MPI have no such option" in done.stderr
+
+
+@pytest.mark.parametrize("flag,words", [
+    (["--hierarchical-allreduce"], "no hierarchical all-reduce yet"),
+    (["--start-timeout", "30"], "`timeout N hvdlikerun ...` bounds the whole job"),
+    (["--gloo"], "hvdlike runs on MPI only"),
+    (["--fusion-threshold-mb", "big"], "--fusion-threshold-mb 'big' is not a number"),
+])
+def test_horovodrun_flags_without_an_equivalent_are_refused_with_a_reason(flag, words):
+    done = run_launcher("-np", "2", *flag, "--dry-run", "python", "train.py")
+    assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+def test_a_job_started_with_horovodrun_flags_runs_with_those_settings(openmpi):
+    done = run_launcher("-np", "2", "--cycle-time-ms", "4", "--stall-check-warning-time-seconds",
+                        "9", sys.executable, str(REPO / "tests" / "mpi_cases" / "print_settings.py"))
+    assert done.returncode == 0, done.stderr
+    for rank in range(2):
+        assert f"SETTINGS rank={rank} cycle=4.0 stall=9.0" in done.stdout

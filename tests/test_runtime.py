@@ -147,3 +147,15 @@ def test_non_contiguous_and_buffer_protocol_inputs_are_accepted():
         assert r["grouped"] == [(2 * base.T).tolist(), (2 * base[:, ::2]).tolist()]
         assert r["from_list"] == [2, 4, 6]
         assert r["from_memoryview"] == [2.0, 2.0, 2.0]
+
+
+def test_a_horovod_job_script_keeps_its_settings_and_hears_once_about_conflicts():
+    job = launch(2, [sys.executable, str(TESTS / "mpi_cases" / "print_settings.py")], timeout=60,
+                 env={"HOROVOD_CYCLE_TIME": "7", "HOROVOD_STALL_CHECK_TIME_SECONDS": "12",
+                      "HVDLIKE_LOG_LEVEL": "info", "HOROVOD_LOG_LEVEL": "error"})
+    assert job.returncode == 0, job.output[-3000:]
+    for rank in range(2):
+        assert f"SETTINGS rank={rank} cycle=7.0 stall=12.0 log=info" in job.output
+    assert job.output.count("disagree") == 1  # rank 0 says it, once per job
+    assert ("hvdlike[0]: WARNING: HVDLIKE_LOG_LEVEL='info' and HOROVOD_LOG_LEVEL='error' "
+            "disagree; using HVDLIKE_LOG_LEVEL") in job.output

@@ -59,3 +59,36 @@ def test_bad_values_name_the_variable(key, value, words):
     with pytest.raises(ValueError, match=key) as info:
         Settings.from_env({key: value})
     assert words in str(info.value)
+
+
+def test_horovod_names_set_what_hvdlike_names_leave_unset():
+    s = Settings.from_env({"HOROVOD_FUSION_THRESHOLD": "1048576", "HOROVOD_CYCLE_TIME": "5",
+                           "HOROVOD_TIMELINE": "/tmp/tl.json",
+                           "HOROVOD_STALL_CHECK_TIME_SECONDS": "30",
+                           "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "90",
+                           "HOROVOD_LOG_LEVEL": "ERROR", "HOROVOD_CACHE_CAPACITY": "128"})
+    assert (s.fusion_threshold, s.cycle_time_ms, s.timeline, s.stall_check_time,
+            s.stall_shutdown_time, s.log_level, s.cache_capacity) == (
+        1 << 20, 5.0, "/tmp/tl.json", 30.0, 90.0, "error", 128)
+    assert Settings.from_env({"HOROVOD_STALL_CHECK_DISABLE": "1"}).stall_check is False
+
+
+def test_the_hvdlike_name_wins_and_disagreement_and_ignored_settings_are_reported():
+    from hvdlike.settings import with_horovod_names
+
+    env = {"HVDLIKE_CYCLE_TIME": "2", "HOROVOD_CYCLE_TIME": "5",
+           "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}
+    assert Settings.from_env(env).cycle_time_ms == 2.0
+    _, notes = with_horovod_names(env)
+    assert notes == ["HVDLIKE_CYCLE_TIME='2' and HOROVOD_CYCLE_TIME='5' disagree; using "
+                     "HVDLIKE_CYCLE_TIME",
+                     "HOROVOD_HIERARCHICAL_ALLREDUCE is ignored: hvdlike has no hierarchical "
+                     "all-reduce yet"]
+    assert with_horovod_names({"HOROVOD_CYCLE_TIME": "5", "HVDLIKE_CYCLE_TIME": "5"})[1] == []
+
+
+def test_a_bad_horovod_value_names_the_horovod_variable():
+    with pytest.raises(ValueError, match="HOROVOD_FUSION_THRESHOLD='64MB' is not an integer"):
+        Settings.from_env({"HOROVOD_FUSION_THRESHOLD": "64MB"})
+    with pytest.raises(ValueError, match="HOROVOD_TIMELINE_MARK_CYCLES='x' is not a boolean"):
+        Settings.from_env({"HOROVOD_TIMELINE_MARK_CYCLES": "x", "HOROVOD_TIMELINE": "t.json"})

@@ -15,8 +15,9 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from . import horovod_flags
 from .mpi_flavor import Flavor, find_mpirun, parse_flavor, version_text
 
 LAUNCHERS = ("auto", "mpirun", "srun")
@@ -173,6 +174,7 @@ def build_command(
     *,
     mpirun: Optional[str] = None,
     flavor: Optional[Union[Flavor, str]] = None,
+    flavor_args: Optional[Callable[[Flavor], List[str]]] = None,
 ) -> Tuple[List[str], Dict[str, str]]:
     """Return ``(argv, env)`` that run ``program`` as ``np`` MPI ranks; runs nothing but ``--version``.
 
@@ -184,6 +186,8 @@ def build_command(
     from (default ``os.environ``); ``PATH`` in it is searched for the launchers.
     mpirun: the MPI launcher to use (default: found by ``find_mpirun``).
     flavor: ``Flavor`` or ``"openmpi"|"mpich"|"intel"`` (default: from ``<mpirun> --version``).
+    flavor_args: given the MPI's flavor, more launcher arguments (mpirun only, e.g. the
+    options horovodrun's flags map to).
 
     The returned env is a new dict: ``env`` plus what the job needs (Open MPI as root:
     ``OMPI_ALLOW_RUN_AS_ROOT{,_CONFIRM}=1``; Open MPI: ``OMPI_MCA_osc=^ucx`` unless set; a
@@ -214,6 +218,9 @@ def build_command(
         launcher == "auto" and bool(child_env.get("SLURM_JOB_ID")) and srun is not None
         and not (hosts or hostfile))
     if use_srun:
+        if flavor_args is not None:
+            raise LaunchError("ssh, network-interface and output-file options apply to mpirun; "
+                              "srun takes them from Slurm (or use --launcher mpirun)")
         if hosts or hostfile:
             raise LaunchError("srun takes its hosts from the Slurm allocation: drop -H/--hostfile "
                               "or use --launcher mpirun")
@@ -255,6 +262,11 @@ def build_command(
         args = _openmpi_args(np, hosts, hostfile, extra, child_env)
     else:
         args = _hydra_args(flavor, np, hosts, hostfile)
+    if flavor_args is not None:
+        try:
+            args += flavor_args(flavor)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
     if not (hosts or hostfile) and "OMP_NUM_THREADS" not in child_env:
         # All ranks share this machine: without this, every rank's BLAS/OpenMP pool takes
         # every core and the ranks slow each other down many times over.
@@ -321,6 +333,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="print the command to stderr before running it")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the command to stdout and exit without running it")
+    horovod_flags.add_to(parser)
     parser.add_argument("program", nargs=argparse.REMAINDER, help="the command each rank runs")
     return parser
 
@@ -332,10 +345,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if args.np is None:
         parser.error("-np N is required: the number of ranks to start, e.g. -np 2")
+    why = horovod_flags.refused(args)
+    if why:
+        parser.error(why)
     try:
-        cmd, env = build_command(args.np, program, hosts=args.hosts, hostfile=args.hostfile,
-                                 mpi_args=args.mpi_args, launcher=args.launcher,
-                                 mpirun=args.mpirun)
+        settings = horovod_flags.settings_env(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    launch_options = (args.ssh_port is not None or args.ssh_identity_file
+                      or args.network_interface or args.output_filename)
+    try:
+        cmd, env = build_command(
+            args.np, program, hosts=args.hosts, hostfile=args.hostfile,
+            mpi_args=args.mpi_args, launcher=args.launcher, env={**os.environ, **settings},
+            mpirun=args.mpirun,
+            flavor_args=(lambda f: horovod_flags.launcher_args(args, f)) if launch_options
+            else None)
     except LaunchError as exc:
         parser.error(str(exc))
     line = format_command(cmd, env)

@@ -1,0 +1,107 @@
+"""The ``horovodrun`` flags a Horovod user types, accepted by ``hvdlikerun``.
+
+Tuning flags become the hvdlike setting they name (an environment variable every rank
+reads); launch flags become the MPI's own options; flags with no equivalent are refused
+with what to do instead, never silently dropped.
+"""
+import argparse
+from typing import Dict, List, Optional
+
+from .mpi_flavor import Flavor
+
+# flag -> (setting it sets, how its value becomes the setting's, help)
+SETTINGS = {
+    "--fusion-threshold-mb": ("HVDLIKE_FUSION_THRESHOLD",
+                              lambda v: str(int(float(v) * 1024 * 1024)),
+                              "fusion buffer size in MiB"),
+    "--cycle-time-ms": ("HVDLIKE_CYCLE_TIME", str, "engine cycle time in milliseconds"),
+    "--cache-capacity": ("HVDLIKE_CACHE_CAPACITY", str, "response cache entries"),
+    "--timeline-filename": ("HVDLIKE_TIMELINE", str,
+                            "write each rank's timeline to this path (.rank<r> added)"),
+    "--stall-check-warning-time-seconds": ("HVDLIKE_STALL_CHECK_TIME_SECONDS", str,
+                                           "report a stalled collective after this long"),
+    "--stall-check-shutdown-time-seconds": ("HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS", str,
+                                            "end the job after a stall this long"),
+    "--log-level": ("HVDLIKE_LOG_LEVEL", str, "trace, debug, info, warning, error or fatal"),
+}
+SWITCHES = {  # flags without a value
+    "--timeline-mark-cycles": ("HVDLIKE_TIMELINE_MARK_CYCLES", "mark engine rounds in the timeline"),
+    "--no-stall-check": ("HVDLIKE_STALL_CHECK_DISABLE", "turn the stall inspector off"),
+}
+REFUSED = {
+    "--hierarchical-allreduce": "hvdlike has no hierarchical all-reduce yet; drop the flag",
+    "--hierarchical-allgather": "hvdlike has no hierarchical all-gather yet; drop the flag",
+    "--start-timeout": "hvdlikerun has no start timeout; the MPI launcher reports ranks that "
+                       "cannot start, and `timeout N hvdlikerun ...` bounds the whole job",
+    "--gloo": "hvdlike runs on MPI only; drop the flag",
+    "--autotune": "hvdlike has no autotuning; set --fusion-threshold-mb and --cycle-time-ms",
+}
+
+
+def add_to(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("horovodrun's flags (a Horovod job script keeps working)")
+    for flag, (_, _, help_text) in SETTINGS.items():
+        group.add_argument(flag, metavar="VALUE", help=help_text)
+    for flag, (_, help_text) in SWITCHES.items():
+        group.add_argument(flag, action="store_true", help=help_text)
+    group.add_argument("-p", "--ssh-port", type=int, help="ssh port of the other hosts")
+    group.add_argument("-i", "--ssh-identity-file", help="ssh key for the other hosts")
+    group.add_argument("--network-interface", help="network interface(s) MPI uses, e.g. eth0")
+    group.add_argument("--output-filename", help="directory for each rank's output (Open MPI)")
+    for flag in REFUSED:
+        group.add_argument(flag, nargs="?", const="", default=None, help=argparse.SUPPRESS)
+
+
+def _attr(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def refused(args: argparse.Namespace) -> Optional[str]:
+    """The message for the first flag given that hvdlike cannot honour, else None."""
+    for flag, why in REFUSED.items():
+        if getattr(args, _attr(flag)) is not None:
+            return f"{flag}: {why}"
+    return None
+
+
+def settings_env(args: argparse.Namespace) -> Dict[str, str]:
+    """The HVDLIKE_* variables the flags given set."""
+    env = {}
+    for flag, (name, convert, _) in SETTINGS.items():
+        value = getattr(args, _attr(flag))
+        if value is not None:
+            try:
+                env[name] = convert(value)
+            except ValueError:
+                raise ValueError(f"{flag} {value!r} is not a number") from None
+    for flag, (name, _) in SWITCHES.items():
+        if getattr(args, _attr(flag)):
+            env[name] = "1"
+    return env
+
+
+def launcher_args(args: argparse.Namespace, flavor: Flavor) -> List[str]:
+    """The MPI launcher's options for -p/-i/--network-interface/--output-filename."""
+    ssh = []
+    if args.ssh_port is not None:
+        ssh += ["-p", str(args.ssh_port)]
+    if args.ssh_identity_file:
+        ssh += ["-i", args.ssh_identity_file]
+    out: List[str] = []
+    if flavor is Flavor.OPENMPI:
+        if ssh:
+            out += ["--mca", "plm_rsh_args", " ".join(ssh)]
+        if args.network_interface:
+            out += ["--mca", "btl_tcp_if_include", args.network_interface,
+                    "--mca", "oob_tcp_if_include", args.network_interface]
+        if args.output_filename:
+            out += ["--output-filename", args.output_filename]
+        return out
+    if ssh:
+        out += ["-launcher", "ssh", "-launcher-exec", " ".join(["ssh"] + ssh)]
+    if args.network_interface:
+        out += ["-iface", args.network_interface]
+    if args.output_filename:
+        raise ValueError("--output-filename: MPICH and Intel MPI have no such option; pass "
+                         "theirs through --mpi-args (e.g. -outfile-pattern)")
+    return out
