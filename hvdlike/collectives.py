@@ -10,7 +10,7 @@ or returning garbage.
 """
 import functools
 import pickle
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -228,18 +228,23 @@ def _splits_or_error(a: np.ndarray, splits: Any, n: int) -> Tuple[np.ndarray, Op
 
 @accepts_tf_values
 def alltoall(x: Any, splits: Any = None, name: Optional[str] = None,
-             process_set: ProcessSet = global_process_set) -> Tuple[np.ndarray, np.ndarray]:
+             process_set: ProcessSet = global_process_set
+             ) -> Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]:
     """Send ``splits[r]`` consecutive rows of ``x`` to rank r (equal parts when splits is None).
 
-    Returns (the rows received from every rank, concatenated in rank order; the int64 array of
-    how many rows came from each rank). Ranks pass the same dtype and shape after dimension 0.
+    Returns the rows received from every rank, concatenated in rank order; with ``splits``
+    given, also the int64 array of how many rows came from each rank, as
+    ``(received, received_splits)`` (Horovod's rule). Ranks pass the same dtype and shape
+    after dimension 0.
     """
-    return alltoall_async(x, splits, name, process_set).synchronize()
+    received, received_splits = alltoall_async(x, splits, name, process_set).synchronize()
+    return received if splits is None else (received, received_splits)
 
 
 def alltoall_async(x: Any, splits: Any = None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set) -> Handle:
-    """Start ``alltoall``; ``handle.synchronize()`` returns (received, received_splits)."""
+    """Start ``alltoall``; ``handle.synchronize()`` returns (received, received_splits),
+    whether or not ``splits`` was given."""
     a = _array(x)
     send_splits, error = _splits_or_error(a, splits, process_set.size())
     request = Request("alltoall", name, a.dtype, a.shape[1:])

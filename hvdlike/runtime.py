@@ -241,8 +241,8 @@ def mpi_built() -> bool:
 
 
 def nccl_built() -> bool:
-    """True when the GPU extra (CuPy with NCCL) is installed; nothing is imported."""
-    return importlib.util.find_spec("cupy") is not None
+    """False: hvdlike has no NCCL (GPU) path yet, whether or not CuPy is installed."""
+    return False
 
 
 def gloo_enabled() -> bool:

@@ -12,6 +12,7 @@ def test_topology_from_mpi_puts_all_local_ranks_on_one_node():
         assert (t["rank"], t["size"], t["local_rank"], t["local_size"]) == (r, 4, r, 4)
         assert (t["cross_rank"], t["cross_size"], t["homogeneous"]) == (0, 1, True)
         assert t["mpi_enabled"] and t["mpi_built"] and t["threads"] and not t["gloo"]
+        assert t["nccl"] is False  # no NCCL path yet, CuPy installed or not
 
 
 @pytest.mark.parametrize("names,local,cross,homogeneous", [
@@ -159,3 +160,24 @@ def test_a_horovod_job_script_keeps_its_settings_and_hears_once_about_conflicts(
     assert job.output.count("disagree") == 1  # rank 0 says it, once per job
     assert ("hvdlike[0]: WARNING: HVDLIKE_LOG_LEVEL='info' and HOROVOD_LOG_LEVEL='error' "
             "disagree; using HVDLIKE_LOG_LEVEL") in job.output
+
+
+def test_alltoall_returns_the_pair_only_when_splits_are_given():
+    for rank, r in enumerate(run_mpi(2, "runtime_cases:alltoall_return_forms", timeout=60)):
+        want = [100 * k + 2 * rank + j for k in range(2) for j in range(2)]
+        assert r["alone_type"] == "ndarray" and r["alone"] == want
+        assert r["pair"] == [want, [2, 2]] and r["handle_len"] == 2
+
+
+@pytest.mark.parametrize("value,legacy", [("1", True), ("true", True), ("True", True),
+                                          ("yes", False), ("TRUE", False), ("0", False),
+                                          (None, False)])
+def test_tf_use_legacy_keras_is_read_as_tensorflow_reads_it(monkeypatch, value, legacy):
+    pytest.importorskip("tensorflow")
+    from hvdlike.tensorflow import compat
+
+    if value is None:
+        monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    else:
+        monkeypatch.setenv("TF_USE_LEGACY_KERAS", value)
+    assert compat.use_legacy_keras() is legacy

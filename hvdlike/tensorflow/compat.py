@@ -13,9 +13,10 @@ except Exception:  # pragma: no cover - very old/new TF
     _cfu = None
 
 
-def use_legacy_keras():
-    """True when TF_USE_LEGACY_KERAS selects tf_keras (Keras 2)."""
-    return os.environ.get("TF_USE_LEGACY_KERAS", "0").strip().lower() in ("1", "true", "yes")
+def use_legacy_keras() -> bool:
+    """True when TF_USE_LEGACY_KERAS selects tf_keras (Keras 2), read exactly as TensorFlow
+    reads it ("1", "true" or "True"; anything else, "yes" included, means Keras 3)."""
+    return os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
 
 
 def keras():

@@ -405,7 +405,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set,
         def grad(dy):
             g = _allreduce_raw([tf.convert_to_tensor(dy)], Sum, 1.0, 1.0,
                                None if name is None else name + "/grad", process_set)[0]
-            return g if _ps_rank(process_set) == root_rank else tf.zeros_like(g)
+            return g if _core.rank() == root_rank else tf.zeros_like(g)  # world ranks
         return y, grad
 
     if not tensor.dtype.is_floating:
@@ -439,8 +439,9 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set,
     """Send rows ``splits[i]`` of ``tensor`` (axis 0) to rank i; receive from all.
 
     Without ``splits`` the first dimension must be divisible by the number of ranks
-    and is split evenly.  Returns ``(received, received_splits)``.  The gradient
-    sends the incoming gradient back with ``received_splits``.
+    and is split evenly.  Returns the received rows; with ``splits`` given,
+    ``(received, received_splits)`` (Horovod's rule).  The gradient sends the incoming
+    gradient back with ``received_splits``.
     """
     tensor = _to_tensor(tensor, "alltoall", name)
     if splits is not None:
@@ -457,9 +458,10 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set,
         return (y, received), grad
 
     if not tensor.dtype.is_floating:
-        return tuple(_alltoall_raw(tensor, splits, name, process_set))
-    y, received = fwd(tensor)
-    return y, received
+        y, received = _alltoall_raw(tensor, splits, name, process_set)
+    else:
+        y, received = fwd(tensor)
+    return y if splits is None else (y, received)
 
 
 # --------------------------------------------------------------------------- reducescatter

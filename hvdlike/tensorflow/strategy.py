@@ -114,7 +114,8 @@ class MPICrossDeviceOps(tf.distribute.CrossDeviceOps):
                                     t.dense_shape)
         if t.dtype.is_floating:
             return t * tf.cast(scale, t.dtype)
-        return t // tf.cast(round(1.0 / scale), t.dtype)  # integers: floor division
+        # integers: truncated toward zero, as the core's Average
+        return tf.truncatediv(t, tf.cast(round(1.0 / scale), t.dtype))
 
     # -- CrossDeviceOps implementation hooks
     def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):

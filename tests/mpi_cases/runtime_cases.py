@@ -12,7 +12,18 @@ def topology() -> Dict[str, Any]:
                 local_size=hvd.local_size(), cross_rank=hvd.cross_rank(),
                 cross_size=hvd.cross_size(), homogeneous=hvd.is_homogeneous(),
                 threads=hvd.mpi_threads_supported(), mpi_enabled=hvd.mpi_enabled(),
-                mpi_built=hvd.mpi_built(), gloo=hvd.gloo_enabled())
+                mpi_built=hvd.mpi_built(), gloo=hvd.gloo_enabled(), nccl=hvd.nccl_built())
+
+
+def alltoall_return_forms() -> Dict[str, Any]:
+    """Horovod's rule: the received rows alone without splits, the pair with them."""
+    n, rank = hvd.size(), hvd.rank()
+    x = np.arange(2 * n, dtype=np.float32) + 100 * rank
+    alone = hvd.alltoall(x)
+    pair = hvd.alltoall(x, splits=[2] * n)
+    handle = hvd.alltoall_async(x).synchronize()
+    return dict(alone_type=type(alone).__name__, alone=alone.tolist(),
+                pair=[pair[0].tolist(), pair[1].tolist()], handle_len=len(handle))
 
 
 def reinit() -> Dict[str, Any]:

@@ -147,9 +147,10 @@ def _():
 @check("alltoall_even_and_explicit_splits_with_gradient")
 def _():
     x = tf.constant(np.arange(2 * n, dtype=np.float32) + 100 * r)
-    y, rs = hvd.alltoall(x)
+    y = hvd.alltoall(x)  # without splits: the received rows only, as in Horovod
     assert_close(y, np.array([100 * k + 2 * r + j for k in range(n) for j in range(2)],
                              np.float32))
+    _, rs = hvd.alltoall(x, splits=[2] * n)
     assert rs.numpy().tolist() == [2] * n
     splits = [k + 1 for k in range(n)]  # send k+1 rows to rank k
     x2 = tf.constant(np.full((sum(splits), 1), r, np.float32))
@@ -341,6 +342,25 @@ def _():
         for key in ("a", "c"):
             assert_close(got[key], np.sum([x_of(q, shape=shapes[key]) for q in range(n)], axis=0))
         assert_close(got["b"], np.concatenate([x_of(q, shape=shapes["b"]) for q in range(n)]))
+
+
+
+@check("broadcast_gradient_on_a_process_set_goes_to_the_world_root")
+def _():
+    # the set holds the upper ranks, so a set rank differs from its world rank
+    members = list(range(n // 2, n))  # the whole world at np=1
+    ps = hvd.add_process_set(members) if n > 1 else hvd.global_process_set
+    root = members[-1]
+    if r in members:
+        x = tf.constant(np.ones((2, 2), np.float32))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(hvd.broadcast(x, root_rank=root, process_set=ps) * float(r + 1))
+        g = tape.gradient(loss, x)
+        expect = sum(q + 1 for q in members) if r == root else 0.0
+        assert_close(g, np.full((2, 2), expect, np.float32))
+    if n > 1:
+        hvd.remove_process_set(ps)
 
 
 close()

@@ -242,6 +242,10 @@ def _():
     (s1, s2), m, si = strategy.experimental_local_results(strategy.run(in_replica))[0]
     assert_close([s1, s2, m], [total, 2 * total, total / n])
     assert int(si) == total and si.dtype == tf.int32, si
+    # integer MEAN truncates toward zero, as the core's Average: (-2n - 1) / n -> -2, not -3
+    iv = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(-3 if ctx.replica_id_in_sync_group == 0 else -2, tf.int32))
+    assert int(strategy.reduce("MEAN", iv, axis=None)) == int(np.trunc((-2 * n - 1) / n))
 
 
 @check("chief_only_checkpointing_with_should_checkpoint")
