@@ -55,6 +55,19 @@ def launch(np: int, argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT,
         cmd = launcher(list(argv))
     else:
         cmd = [sys.executable, "-m", "hvdlike.runner", "-np", str(np), *argv] if mpi else list(argv)
+    job = _run(cmd, full_env, timeout)
+    if _STARTUP_FAILURE in job.output and job.seconds < 5:
+        # Open MPI's launcher now and then cannot start its PMIx server (nothing ran yet):
+        # that says nothing about the job, so start it once more
+        print(f"[harness] {_STARTUP_FAILURE!r}: starting the job again", file=sys.stderr)
+        job = _run(cmd, full_env, timeout)
+    return job
+
+
+_STARTUP_FAILURE = "The PMIx server"
+
+
+def _run(cmd: List[str], full_env: Dict[str, str], timeout: float) -> Job:
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=full_env, cwd=TESTS.parent, start_new_session=True)
