@@ -196,13 +196,13 @@ class GradientReducer:
                     reduced = allreduce_gradients(
                         [grads[i] for i in part], name, self.process_set,
                         None if variables is None else [variables[i] for i in part], **kwargs)
-            except _core.CollectiveMismatchError as e:
-                raise _core.CollectiveMismatchError(
+            except tf.errors.FailedPreconditionError as e:
+                raise _ops.mismatch_error(
                     f"hvdlike.tensorflow.{self.owner}: the gradients differ across ranks "
-                    f"({e}). Every rank must produce gradients for the same variables with "
-                    "the same shapes: check for gradients that are None on some ranks only "
-                    "(variables not used in the loss on every rank) and for data-dependent "
-                    "model structure.") from e
+                    f"({e.message}). Every rank must produce gradients for the same variables "
+                    "with the same shapes: check for gradients that are None on some ranks "
+                    "only (variables not used in the loss on every rank) and for "
+                    "data-dependent model structure.") from e
             for i, r in zip(part, reduced):
                 out[i] = r
         return out

@@ -8,8 +8,11 @@ statically on the graph outputs wherever they are known.
 
 Requests pair across ranks by name (an explicit ``name=``, or in a graph the op's name;
 unnamed eager calls pair in call order), in whatever order each rank runs them; a name
-with mismatched metadata (dtype, shape, op, root) raises ``hvdlike.CollectiveMismatchError``
-on every rank.
+with mismatched metadata (dtype, shape, op, root, splits) raises
+``tf.errors.FailedPreconditionError`` on every rank, as Horovod does (the message names the
+ranks and their values; the NumPy API raises ``hvdlike.CollectiveMismatchError``). In a
+graph, TensorFlow reports any error raised inside a Python function op as ``UnknownError``;
+its message keeps ours, prefixed ``FailedPreconditionError``.
 """
 import itertools
 
@@ -85,6 +88,22 @@ _PENDING = {}  # key -> wait function of a request submitted by a graph op
 _KEYS = itertools.count()
 
 
+def mismatch_error(message):
+    """What the TensorFlow API raises when ranks disagree on a collective (Horovod's class)."""
+    return tf.errors.FailedPreconditionError(None, None, message)
+
+
+def _outputs(wait):
+    """Call a submit's wait function; a disagreement between ranks becomes
+    ``tf.errors.FailedPreconditionError`` (in a graph TensorFlow wraps it in UnknownError)."""
+    try:
+        return wait()
+    except _core.CollectiveMismatchError as exc:
+        error = mismatch_error(str(exc))
+        error.hvdlike_quiet = getattr(exc, "hvdlike_quiet", False)
+        raise error from exc
+
+
 def _run(what, submit, inputs, out_dtypes, out_shapes):
     """Run a collective on TF tensors: ``submit(op_name, *numpy_inputs)`` hands the request
     to the engine and returns a function that waits and returns the outputs (a list).
@@ -94,7 +113,7 @@ def _run(what, submit, inputs, out_dtypes, out_shapes):
     """
     if tf.executing_eagerly():
         # np.asarray shares a CPU tensor's memory (t.numpy() would copy it); the core only reads it
-        outs = submit(None, *[np.asarray(t) for t in inputs])()
+        outs = _outputs(submit(None, *[np.asarray(t) for t in inputs]))
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
     return _wait_op(what, [_submit_op(what, submit, inputs)], out_dtypes, out_shapes)
 
@@ -129,7 +148,7 @@ def _wait_op(what, keys, out_dtypes, out_shapes):
     outputs, in order.  Not chained to anything: ranks that build independent collectives in
     different orders submit all of them before any wait blocks."""
     def _wait_fn(*ks):
-        outs = [o for k in ks for o in _PENDING.pop(int(k))()]
+        outs = [o for k in ks for o in _outputs(_PENDING.pop(int(k)))]
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, out_dtypes)]
 
     outs = tf.numpy_function(_wait_fn, list(keys), list(out_dtypes), stateful=False,

@@ -108,6 +108,22 @@ def _():
     assert_close(gs[0], [np.sum(np.arange(n) + 1)] * 2)
 
 
+@check("gradients_none_on_some_ranks_only_raise_with_a_hint_on_every_rank")
+def _():
+    if n == 1:
+        return
+    v1, v2 = tf.Variable([1.0, 2.0]), tf.Variable(3.0)
+    with tf.GradientTape() as tape:  # v2 is in rank 0's loss only
+        loss = tf.reduce_sum(v1) + (v2 if r == 0 else 0.0)
+    try:
+        hvd.DistributedGradientTape(tape).gradient(loss, [v1, v2])
+    except tf.errors.FailedPreconditionError as e:
+        assert "None on some ranks only" in str(e), e
+    else:
+        raise AssertionError("no error")
+    hvd.barrier()
+
+
 @check("backward_passes_per_step_2_equals_one_step_with_doubled_batch")
 def _():
     opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
