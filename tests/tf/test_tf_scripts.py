@@ -66,6 +66,7 @@ def test_horovod_style_custom_loop_script_runs_with_only_import_changed():
     "custom_loop_adam_tape_equals_single_process_global_batch",
     "backward_passes_per_step_2_equals_one_step_with_doubled_batch",
     "broadcast_callback_keeps_weights_and_slots_identical_every_step",
+    "broadcast_callback_on_a_model_built_by_its_first_batch",
     "metric_average_callback_averages_epoch_logs",
     "load_model_restores_wrapped_optimizer_with_state",
     "bad_inputs_give_clear_errors",

@@ -23,7 +23,9 @@ class BroadcastGlobalVariablesCallback(_keras.callbacks.Callback):
     checkpoint between fits) the model's variables and the optimizer's variables
     (iterations, slots, loss scale) are broadcast from ``root_rank``.  If the optimizer
     creates its variables only during the first step, they are broadcast again after
-    that step.  Every rank must use this callback.
+    that step.  A model that is not built yet (a ``Sequential`` without an input shape,
+    built by its first batch) is broadcast right after that first batch, as Horovod does.
+    Every rank must use this callback.
     """
 
     def __init__(self, root_rank=0, device="", process_set=_core.global_process_set):
@@ -31,6 +33,7 @@ class BroadcastGlobalVariablesCallback(_keras.callbacks.Callback):
         self.root_rank = root_rank
         self.process_set = process_set
         self._opt_count = None
+        self._after_first_batch = False
 
     def _broadcast(self):
         opt_vars = _optimizer_variables(getattr(self.model, "optimizer", None))
@@ -39,10 +42,15 @@ class BroadcastGlobalVariablesCallback(_keras.callbacks.Callback):
         return len(opt_vars)
 
     def on_train_begin(self, logs=None):
-        self._opt_count = self._broadcast()
+        # every rank builds the same model, so every rank takes the same branch
+        self._after_first_batch = not getattr(self.model, "built", True)
+        self._opt_count = None if self._after_first_batch else self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._opt_count is not None and self._opt_count != len(
+        if self._after_first_batch:
+            self._after_first_batch = False
+            self._opt_count = self._broadcast()
+        elif self._opt_count is not None and self._opt_count != len(
                 _optimizer_variables(getattr(self.model, "optimizer", None))):
             self._opt_count = self._broadcast()
 

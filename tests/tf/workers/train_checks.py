@@ -207,6 +207,34 @@ def _():
         assert_close(a, b, rtol=RTOL, atol=ATOL)
 
 
+class RecorderOnceBuilt(Recorder):
+    """A Recorder that starts once the model is built (tf_keras builds it in the first batch;
+    Keras 3 before it)."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.model.built:
+            self._snap()
+
+
+@check("broadcast_callback_on_a_model_built_by_its_first_batch")
+def _():
+    # no input shape: fit builds the model with the first batch, as in Horovod's
+    # tensorflow2_keras_mnist.py; the callback then broadcasts right after that batch
+    keras.utils.set_random_seed(100 + r)  # deliberately different initial weights per rank
+    m = keras.Sequential([keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
+    assert not m.built
+    m.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
+              loss="mse")
+    rec = RecorderOnceBuilt()
+    m.fit(local_rows(STEPS, B), local_rows(STEPS, B, Y), batch_size=B, epochs=1,
+          shuffle=False, verbose=0,
+          callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(0), rec])
+    assert len(rec.snapshots) >= STEPS  # from the second batch on at least
+    for snap in rec.snapshots:
+        same_on_every_rank(snap, "model+optimizer variables")
+    same_on_every_rank(m.get_weights(), "weights after fit")
+
+
 @check("metric_average_callback_averages_epoch_logs")
 def _():
     class Raw(keras.callbacks.Callback):
