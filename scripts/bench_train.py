@@ -29,6 +29,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def build_model(keras, model, shape, classes):
+    """The benchmark's model in the given Keras (Keras 3 or tf_keras), seeded alike."""
+    keras.utils.set_random_seed(0)
+    if model == "resnet50":
+        return keras.applications.ResNet50(weights=None, input_shape=shape, classes=classes)
+    return keras.Sequential([
+        keras.Input(shape),
+        keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
+        keras.layers.Dense(classes)])
+
+
 def worker(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np
@@ -43,15 +56,7 @@ def worker(args):
     shape, classes = ((224, 224, 3), 1000) if args.model == "resnet50" else ((28, 28, 1), 10)
 
     def model_fn():
-        keras.utils.set_random_seed(0)
-        if args.model == "resnet50":
-            return keras.applications.ResNet50(weights=None, input_shape=shape, classes=classes)
-        return keras.Sequential([
-            keras.Input(shape),
-            keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
-            keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dense(classes)])
+        return build_model(keras, args.model, shape, classes)
 
     rng = np.random.RandomState(hvd.rank())
     x = rng.uniform(size=(args.batch_size,) + shape).astype(np.float32)
@@ -126,16 +131,7 @@ def worker_mwms(args):
     shape, classes = ((224, 224, 3), 1000) if args.model == "resnet50" else ((28, 28, 1), 10)
 
     def build():
-        keras.utils.set_random_seed(0)
-        if args.model == "resnet50":
-            m = keras.applications.ResNet50(weights=None, input_shape=shape, classes=classes)
-        else:
-            m = keras.Sequential([
-                keras.Input(shape),
-                keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
-                keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
-                keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
-                keras.layers.Dense(classes)])
+        m = build_model(keras, args.model, shape, classes)
         m.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
                   loss=keras.losses.SparseCategoricalCrossentropy(
                       from_logits=args.model != "resnet50"))

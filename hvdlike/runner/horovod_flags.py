@@ -80,6 +80,12 @@ def settings_env(args: argparse.Namespace) -> Dict[str, str]:
     return env
 
 
+def launcher_options_given(args: argparse.Namespace) -> bool:
+    """Whether any flag that becomes an MPI launcher option was given."""
+    return bool(args.ssh_port is not None or args.ssh_identity_file or args.network_interface
+                or args.output_filename)
+
+
 def launcher_args(args: argparse.Namespace, flavor: Flavor) -> List[str]:
     """The MPI launcher's options for -p/-i/--network-interface/--output-filename."""
     ssh = []

@@ -352,15 +352,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         settings = horovod_flags.settings_env(args)
     except ValueError as exc:
         parser.error(str(exc))
-    launch_options = (args.ssh_port is not None or args.ssh_identity_file
-                      or args.network_interface or args.output_filename)
     try:
         cmd, env = build_command(
             args.np, program, hosts=args.hosts, hostfile=args.hostfile,
             mpi_args=args.mpi_args, launcher=args.launcher, env={**os.environ, **settings},
             mpirun=args.mpirun,
-            flavor_args=(lambda f: horovod_flags.launcher_args(args, f)) if launch_options
-            else None)
+            flavor_args=(lambda f: horovod_flags.launcher_args(args, f))
+            if horovod_flags.launcher_options_given(args) else None)
     except LaunchError as exc:
         parser.error(str(exc))
     line = format_command(cmd, env)
