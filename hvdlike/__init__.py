@@ -27,6 +27,7 @@ from .collectives import (
     reducescatter,
     reducescatter_async,
 )
+from .gpu import pin_gpu
 from .errors import CollectiveMismatchError, NotInitializedError
 from .handles import Handle, poll, synchronize
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -35,6 +36,7 @@ from .timeline import start_timeline, stop_timeline
 from .runtime import (
     cross_rank,
     cross_size,
+    cuda_built,
     gloo_built,
     gloo_enabled,
     init,
@@ -47,6 +49,7 @@ from .runtime import (
     mpi_threads_supported,
     nccl_built,
     rank,
+    rocm_built,
     shutdown,
     size,
 )

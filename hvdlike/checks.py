@@ -22,6 +22,7 @@ class Request(NamedTuple):
     op: Optional[int] = None
     root: Optional[int] = None
     scale: Tuple[float, float] = (1.0, 1.0)
+    device: str = "cpu"  # "gpu": GPU arrays (every rank must agree, as in Horovod)
 
 
 LocalError = Tuple[str, str]  # ("TypeError" | "ValueError", message)
@@ -67,8 +68,8 @@ def resolve(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]]) -
         raise CollectiveMismatchError(
             f"{what}: ranks called it with different arguments. {differences}. Requests are "
             "matched by name (unnamed ones in call order): every rank must submit each name "
-            "with the same collective, dtype, shape, op and root (only the first dimension may "
-            "differ in allgather and alltoall).")
+            "with the same collective, dtype, shape, op, root and device (host or GPU; only the "
+            "first dimension may differ in allgather and alltoall).")
     joined = [r for r, a in enumerate(answers) if a is None]
     if joined and (request.kind not in _JOIN_COMPATIBLE
                    or request.op not in (ReduceOp.SUM, ReduceOp.AVERAGE)):

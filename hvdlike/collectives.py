@@ -1,4 +1,6 @@
-"""Collectives on NumPy arrays (any buffer-protocol array in, new NumPy arrays out).
+"""Collectives on NumPy arrays (any buffer-protocol array in, new NumPy arrays out) and on
+GPU arrays (CuPy arrays or any CUDA ``__dlpack__`` object, such as a PyTorch CUDA tensor: new
+arrays of the same kind out, on the GPU; see ``hvdlike.gpu`` and docs/gpu.md).
 
 Each collective validates its input on this rank, describes it as a ``Request`` (name,
 dtype, shape, op, root, factors) and hands it to the engine, which matches requests across
@@ -14,7 +16,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import checks, dtypes, runtime
+from . import checks, dtypes, gpu, runtime
 from .checks import Request
 from .handles import Handle
 from .process_sets import ProcessSet, global_process_set
@@ -27,6 +29,34 @@ from .tf_dispatch import accepts_tf_values
 def _array(x: Any) -> np.ndarray:
     a = x if type(x) is np.ndarray else np.asarray(x)
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+class _Inputs:
+    """A call's arrays: NumPy arrays, or CuPy views of GPU arrays (``restore`` then turns the
+    results back into the caller's kind of array); ``error``: host and GPU arrays mixed."""
+
+    __slots__ = ("arrays", "restore", "error")
+
+    def __init__(self, xs: Sequence[Any]) -> None:
+        self.restore: Optional[Any] = None
+        self.error: Optional[checks.LocalError] = None
+        if all(type(x) is np.ndarray for x in xs):
+            self.arrays = [_array(x) for x in xs]
+            return
+        kind, why = gpu.device_kind(xs)
+        if kind == "cpu" and why is None:
+            self.arrays = [_array(x) for x in xs]
+            return
+        self.arrays = []
+        for x in xs:
+            if gpu.is_device_array(x):
+                converted = gpu.as_cupy(x)
+                self.arrays.append(converted.array)
+                self.restore = self.restore or converted.restore
+            else:
+                self.arrays.append(_array(x))
+        if why is not None:
+            self.error, self.restore = ("ValueError", why), None
 
 
 def _engine(process_set: ProcessSet, kind: str) -> Any:
@@ -44,9 +74,16 @@ def _engine(process_set: ProcessSet, kind: str) -> Any:
 
 
 def _submit(process_set: ProcessSet, request: Request, error: Optional[checks.LocalError],
-            inputs: Any, blocking: bool = False) -> Handle:
+            inputs: Any, blocking: bool = False, on_gpu: Optional[_Inputs] = None) -> Handle:
+    """Hand a request to the engine; ``on_gpu``: the call's arrays when they live on a GPU
+    (the request then says so, and the handle gives results back on the caller's stream)."""
     engine = _engine(process_set, request.kind)
-    return engine.submit(request, error, inputs, process_set, wake=not blocking)
+    if on_gpu is None or on_gpu.restore is None:
+        return engine.submit(request, error, inputs, process_set, wake=not blocking)
+    handle = engine.submit(request._replace(device="gpu"), error,
+                           gpu.submitted(inputs, blocking), process_set, wake=not blocking)
+    handle._finish = gpu.finisher(on_gpu.restore)
+    return handle
 
 
 def _dtype_error(a: np.ndarray) -> Optional[checks.LocalError]:
@@ -71,17 +108,17 @@ def _allreduce(xs: Sequence[Any], op: Any, prescale_factor: float, postscale_fac
                blocking: bool = False) -> Handle:
     op = as_reduce_op(op)
     scale = (float(prescale_factor), float(postscale_factor))
+    given = _Inputs(xs)
+    arrays = given.arrays
     if grouped:
-        arrays = [_array(x) for x in xs]
         request = Request("grouped_allreduce", name, tuple(a.dtype for a in arrays),
                           tuple(a.shape for a in arrays), int(op), None, scale)
-        error = _first(_reduce_error_for(a.dtype, op) for a in arrays)
+        error = given.error or _first(_reduce_error_for(a.dtype, op) for a in arrays)
     else:
-        a = _array(xs[0])
-        arrays = [a]
+        a = arrays[0]
         request = Request("allreduce", name, a.dtype, a.shape, int(op), None, scale)
         error = _reduce_error_for(a.dtype, op)
-    return _submit(process_set, request, error, arrays, blocking)
+    return _submit(process_set, request, error, arrays, blocking, given)
 
 
 @accepts_tf_values
@@ -135,12 +172,14 @@ def _rows(a: np.ndarray) -> np.ndarray:
 
 def _allgather(xs: Sequence[Any], name: Optional[str], process_set: ProcessSet,
                grouped: bool, blocking: bool = False) -> Handle:
-    arrays = [_rows(_array(x)) for x in xs]
+    given = _Inputs(xs)
+    arrays = [_rows(a) for a in given.arrays]
     dts = tuple(a.dtype for a in arrays)
     shapes = tuple(a.shape[1:] for a in arrays)
     kind = "grouped_allgather" if grouped else "allgather"
     request = Request(kind, name, dts if grouped else dts[0], shapes if grouped else shapes[0])
-    return _submit(process_set, request, _first(map(_dtype_error, arrays)), arrays, blocking)
+    return _submit(process_set, request, given.error or _first(map(_dtype_error, arrays)),
+                   arrays, blocking, given)
 
 
 @accepts_tf_values
@@ -200,10 +239,11 @@ def broadcast(x: Any, root_rank: int, name: Optional[str] = None,
 def broadcast_async(x: Any, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start ``broadcast``; ``handle.synchronize()`` returns its result."""
-    a = _array(x)
+    given = _Inputs([x])
+    (a,) = given.arrays
     request = Request("broadcast", name, a.dtype, a.shape, None, _root(root_rank))
     return _submit(process_set, request,
-                   _root_error(root_rank, process_set) or _dtype_error(a), [a])
+                   _root_error(root_rank, process_set) or _dtype_error(a), [a], False, given)
 
 
 # ----------------------------------------------------------------------------- alltoall
@@ -245,10 +285,12 @@ def alltoall_async(x: Any, splits: Any = None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set) -> Handle:
     """Start ``alltoall``; ``handle.synchronize()`` returns (received, received_splits),
     whether or not ``splits`` was given."""
-    a = _array(x)
+    given = _Inputs([x])
+    (a,) = given.arrays
     send_splits, error = _splits_or_error(a, splits, process_set.size())
     request = Request("alltoall", name, a.dtype, a.shape[1:])
-    return _submit(process_set, request, error or _dtype_error(a), (a, send_splits))
+    return _submit(process_set, request, error or _dtype_error(a), (a, send_splits), False,
+                   given)
 
 
 # ----------------------------------------------------------------------------- reducescatter
@@ -262,14 +304,17 @@ def _scatter_error(a: np.ndarray, op: ReduceOp) -> Optional[checks.LocalError]:
 
 def _reducescatter(xs: Sequence[Any], op: Any, name: Optional[str], process_set: ProcessSet,
                    prescale_factor: float, postscale_factor: float, grouped: bool) -> Handle:
-    arrays = [_array(x) for x in xs]
+    given = _Inputs(xs)
+    arrays = given.arrays
     op = as_reduce_op(op)
     dts = tuple(a.dtype for a in arrays)
     shapes = tuple(a.shape for a in arrays)
     kind = "grouped_reducescatter" if grouped else "reducescatter"
     request = Request(kind, name, dts if grouped else dts[0], shapes if grouped else shapes[0],
                       int(op), None, (float(prescale_factor), float(postscale_factor)))
-    return _submit(process_set, request, _first(_scatter_error(a, op) for a in arrays), arrays)
+    return _submit(process_set, request,
+                   given.error or _first(_scatter_error(a, op) for a in arrays), arrays, False,
+                   given)
 
 
 @accepts_tf_values

@@ -1,6 +1,6 @@
 """Handles returned by the ``*_async`` collectives (the blocking forms wait on one too)."""
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 _SLEEPERS = threading.Lock()  # orders completing a handle against a thread going to sleep on it
 
@@ -10,7 +10,7 @@ class Handle:
     and returns what the blocking form of the collective would have returned (or raises its
     error, the same on every rank)."""
 
-    __slots__ = ("_engine", "_event", "_result", "_error", "_done")
+    __slots__ = ("_engine", "_event", "_result", "_error", "_done", "_finish")
 
     def __init__(self, engine: Any) -> None:
         self._engine = engine
@@ -18,6 +18,9 @@ class Handle:
         self._result: Any = None
         self._error: Optional[BaseException] = None
         self._done = False
+        # applied once to the result by synchronize(), on the caller's thread (GPU arrays:
+        # stream ordering and the caller's kind of array)
+        self._finish: Optional[Callable[[Any], Any]] = None
 
     def _complete(self, result: Any, error: Optional[BaseException]) -> None:
         self._result, self._error = result, error
@@ -52,6 +55,8 @@ class Handle:
             engine.wait(self)
         if self._error is not None:
             raise self._error
+        if self._finish is not None:
+            self._result, self._finish = self._finish(self._result), None
         return self._result
 
 

@@ -241,7 +241,21 @@ def mpi_built() -> bool:
 
 
 def nccl_built() -> bool:
-    """False: hvdlike has no NCCL (GPU) path yet, whether or not CuPy is installed."""
+    """True when CuPy and its NCCL library load, so GPU arrays can travel through NCCL."""
+    from . import gpu
+
+    return gpu.nccl_available()
+
+
+def cuda_built() -> bool:
+    """True when CuPy loads and sees a GPU (GPU arrays can be passed to collectives)."""
+    from . import gpu
+
+    return gpu.cuda_available()
+
+
+def rocm_built() -> bool:
+    """Always False: hvdlike's GPU path is CUDA (CuPy, NCCL)."""
     return False
 
 

@@ -15,6 +15,7 @@
 | HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS | 0 | after waiting this long every rank prints that report and exits with status 1 (0: never) |
 | HVDLIKE_STALL_CHECK_DISABLE | 0 | 1 turns the stall inspector off |
 | HVDLIKE_LOG_LEVEL | warning | trace, debug, info, warning, error or fatal: what the `hvdlike` logger prints (on stderr, prefixed with the rank) |
+| HVDLIKE_GPU_TRANSPORT | auto | GPU arrays: `auto` (NCCL where every rank of the set has it and its own GPU, else staged through host memory with one warning), `nccl` (an error where NCCL cannot serve), `staged` |
 | HVDLIKE_NODE_NAMES | (unset) | comma-separated node name per world rank, overriding MPI's topology |
 """
 import dataclasses
@@ -39,7 +40,8 @@ HOROVOD_NAMES = {
 HOROVOD_IGNORED = {
     "HOROVOD_HIERARCHICAL_ALLREDUCE": "hvdlike has no hierarchical all-reduce yet",
     "HOROVOD_HIERARCHICAL_ALLGATHER": "hvdlike has no hierarchical all-gather yet",
-    "HOROVOD_GPU_OPERATIONS": "hvdlike has no GPU path yet",
+    "HOROVOD_GPU_OPERATIONS": "hvdlike chooses NCCL for GPU arrays where it can; set "
+                              "HVDLIKE_GPU_TRANSPORT=nccl or staged to choose",
 }
 
 
@@ -78,6 +80,7 @@ class Settings:
     stall_check_time: float = 60.0
     stall_shutdown_time: float = 0.0
     log_level: str = "warning"
+    gpu_transport: str = "auto"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
@@ -113,6 +116,7 @@ class Settings:
             stall_shutdown_time=_seconds(env, "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
                                          cls.stall_shutdown_time, zero=True),
             log_level=_log_level(env),
+            gpu_transport=_choice(env, "HVDLIKE_GPU_TRANSPORT", ("auto", "nccl", "staged")),
         )
 
 
@@ -156,6 +160,13 @@ def _log_level(env: Mapping[str, str]) -> str:
     if raw not in LEVELS:
         raise ValueError(f"HVDLIKE_LOG_LEVEL={env['HVDLIKE_LOG_LEVEL']!r} is not one of "
                          + ", ".join(LEVELS))
+    return raw
+
+
+def _choice(env: Mapping[str, str], key: str, choices: Tuple[str, ...]) -> str:
+    raw = (env.get(key) or choices[0]).lower()
+    if raw not in choices:
+        raise ValueError(f"{key}={env[key]!r} is not one of " + ", ".join(choices))
     return raw
 
 

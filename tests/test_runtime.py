@@ -1,4 +1,5 @@
 """init/shutdown, topology, process sets, join, async handles and failure handling."""
+import importlib.util
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ def test_topology_from_mpi_puts_all_local_ranks_on_one_node():
         assert (t["rank"], t["size"], t["local_rank"], t["local_size"]) == (r, 4, r, 4)
         assert (t["cross_rank"], t["cross_size"], t["homogeneous"]) == (0, 1, True)
         assert t["mpi_enabled"] and t["mpi_built"] and t["threads"] and not t["gloo"]
-        assert t["nccl"] is False  # no NCCL path yet, CuPy installed or not
+        assert t["nccl"] is (importlib.util.find_spec("cupy") is not None)  # CuPy brings NCCL
 
 
 @pytest.mark.parametrize("names,local,cross,homogeneous", [

@@ -32,7 +32,7 @@ from .. import process_sets as _ps
 from .. import timeline
 from ..checks import LocalError, Request, raised_on_every_rank
 from ..handles import Handle
-from . import execute
+from . import execute, execute_gpu
 from .stall import StallInspector
 from .execute import ALLREDUCES, RUNNERS, Work
 from .negotiation import Announcement, Key, Negotiation
@@ -149,6 +149,7 @@ class Engine:
             self._stopping = True
             self._cv.notify()
         self._thread.join()
+        execute_gpu.reset()
         if self._gather is not None:
             self._gather.Free()
         self._ctrl.Free()
@@ -156,6 +157,7 @@ class Engine:
     def forget_set(self, set_id: int) -> None:
         """A process set is being removed (in a round, on every rank)."""
         self._neg.forget_set(set_id)
+        execute_gpu.forget_set(set_id)
 
     # ------------------------------------------------------------------ rounds
 
@@ -326,31 +328,40 @@ class Engine:
                 continue
             if entry is None:  # joined: take part with zeros, keep nothing
                 served.append(response.key)
-                work = Work(response.request, execute.zeros_for(response.request), ps,
-                            _discard)
+                zeros = (execute_gpu if response.request.device == "gpu" else execute).zeros_for
+                work = Work(response.request, zeros(response.request), ps, _discard)
             else:
                 work = Work(response.request, entry.inputs, ps, entry.handle._succeed)
             (reductions if response.request.kind in ALLREDUCES else others).append(work)
         if served:
             self._count_unnamed(served)
         if reductions:
-            trace = None
-            if tl is not None:
-                def trace(members: List[int], phases: Any, args: Dict[str, Any]) -> None:
-                    args = dict(args, round=self._round_no,
-                                members=[reductions[m].request.name for m in members[:8]])
-                    for m in members:
-                        row = _row_name(reductions[m].process_set, reductions[m].request.name)
-                        for phase, start, end in phases:
-                            tl.span(row, phase, start, end, args)
-            self._guarded(lambda: execute.run_allreduces(self._st, reductions, trace),
-                          reductions)
+            host = [w for w in reductions if w.request.device != "gpu"]
+            gpu = [w for w in reductions if w.request.device == "gpu"]
+            for run, works in ((execute.run_allreduces, host),
+                               (execute_gpu.run_allreduces, gpu)):
+                if works:
+                    trace = None if tl is None else self._tracer(tl, works)
+                    self._guarded(lambda: run(self._st, works, trace), works)
         for work in others:
             start = time.perf_counter()
-            self._guarded(lambda: work.done(RUNNERS[work.request.kind](self._st, work)), [work])
+            run_one = (execute_gpu.run if work.request.device == "gpu"
+                       else RUNNERS[work.request.kind])
+            self._guarded(lambda: work.done(run_one(self._st, work)), [work])
             if tl is not None:
                 tl.span(_row_name(work.process_set, work.request.name or ""),
                         "MPI_" + work.request.kind.upper(), start, time.perf_counter())
+
+    def _tracer(self, tl: Any, works: List[Work]) -> Any:
+        """The timeline's record of a round's all-reduce buckets (indices into ``works``)."""
+        def trace(members: List[int], phases: Any, args: Dict[str, Any]) -> None:
+            args = dict(args, round=self._round_no,
+                        members=[works[m].request.name for m in members[:8]])
+            for m in members:
+                row = _row_name(works[m].process_set, works[m].request.name)
+                for phase, start, end in phases:
+                    tl.span(row, phase, start, end, args)
+        return trace
 
     def _count_unnamed(self, served: List[Key]) -> None:
         """A joined rank served other ranks' unnamed requests ``noname.<k mod NONAME_NAMES>``

@@ -4,7 +4,7 @@ from hvdlike import (  # noqa: F401
     cross_size, ReduceOp, Average, Sum, Min, Max, Product, ProcessSet, global_process_set,
     add_process_set, remove_process_set, CollectiveMismatchError, NotInitializedError,
     mpi_enabled, mpi_built, mpi_threads_supported, gloo_enabled, gloo_built, nccl_built,
-    is_homogeneous, start_timeline, stop_timeline,
+    cuda_built, rocm_built, pin_gpu, is_homogeneous, start_timeline, stop_timeline,
 )
 
 from hvdlike.tensorflow.compression import Compression  # noqa: F401
@@ -22,12 +22,3 @@ from hvdlike.tensorflow.data import shard_dataset  # noqa: F401
 from hvdlike.tensorflow.tf_config_emulation import tf_config, export_tf_config  # noqa: F401
 from hvdlike.tensorflow.strategy import MPIStrategy, MPICrossDeviceOps  # noqa: F401
 
-
-
-def cuda_built():
-    """The TensorFlow frontend moves data through host memory only."""
-    return False
-
-
-def rocm_built():
-    return False

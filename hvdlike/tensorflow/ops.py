@@ -23,7 +23,7 @@ import hvdlike as _core
 from hvdlike import timeline as _timeline
 from hvdlike import Average, Sum, Min, Max, Product, ReduceOp, global_process_set  # noqa: F401
 
-from hvdlike.tensorflow import compat
+from hvdlike.tensorflow import compat, devices
 from hvdlike.tensorflow.compression import Compression
 
 _SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
@@ -112,9 +112,8 @@ def _run(what, submit, inputs, out_dtypes, out_shapes):
     Graph: a submit op and a wait op (:func:`_submit_op`, :func:`_wait_op`).
     """
     if tf.executing_eagerly():
-        # np.asarray shares a CPU tensor's memory (t.numpy() would copy it); the core only reads it
-        outs = _outputs(submit(None, *[np.asarray(t) for t in inputs]))
-        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
+        outs = _outputs(submit(None, *[devices.to_core(t) for t in inputs]))
+        return [devices.from_core(o, d) for o, d in zip(outs, out_dtypes)]
     return _wait_op(what, [_submit_op(what, submit, inputs)], out_dtypes, out_shapes)
 
 

@@ -1,0 +1,53 @@
+"""Which device TensorFlow values live on; GPU tensors handed to the core through DLPack.
+
+Eager collectives pass TensorFlow GPU tensors to the core as CuPy views (DLPack, no copy), so
+they take the GPU path (NCCL, or staged through host memory) and come back as GPU tensors.
+TensorFlow does not expose the CUDA stream its eager ops run on, so both hand-overs wait for
+the device (TensorFlow's pending work before, the collective after). Inside a ``tf.function``
+collectives are ``tf.numpy_function`` ops, which TensorFlow feeds from host memory.
+"""
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from hvdlike import gpu
+
+
+def is_gpu_device(name: str) -> bool:
+    """True for a TensorFlow device name on a GPU ("/job:localhost/.../device:GPU:0")."""
+    return ":GPU:" in name.upper()
+
+
+def on_gpu(tensor: Any) -> bool:
+    """True for an eager tensor (or variable) placed on a GPU."""
+    return is_gpu_device(getattr(tensor, "device", "") or "")
+
+
+def to_core(tensor: Any) -> Any:
+    """An eager value as the core takes it: a CuPy view of a GPU tensor, else a NumPy array
+    sharing a CPU tensor's memory (``t.numpy()`` would copy it)."""
+    if on_gpu(tensor) and gpu.cuda_available():
+        cp = gpu.cupy()
+        cp.cuda.runtime.deviceSynchronize()  # TensorFlow's own stream has finished the tensor
+        return cp.from_dlpack(tf.experimental.dlpack.to_dlpack(tf.convert_to_tensor(tensor)))
+    return np.asarray(tensor)
+
+
+def from_core(value: Any, dtype: tf.DType) -> tf.Tensor:
+    """A core result as a tensor: GPU results stay on the GPU (DLPack)."""
+    if not type(value).__module__.startswith("cupy"):
+        return tf.convert_to_tensor(value, dtype=dtype)
+    gpu.cupy().cuda.get_current_stream().synchronize()  # the collective has written it
+    return tf.experimental.dlpack.from_dlpack(value.toDlpack())
+
+
+def pin_gpu(local_rank: int) -> Optional[int]:
+    """Make GPU ``local_rank`` (modulo the GPUs) TensorFlow's only visible GPU, with memory
+    growth; returns its index, or None when TensorFlow sees no GPU."""
+    gpus = tf.config.list_physical_devices("GPU")
+    index = gpu.gpu_for(local_rank, len(gpus))
+    if index is not None:
+        tf.config.set_visible_devices(gpus[index], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[index], True)
+    return index
