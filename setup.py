@@ -20,7 +20,9 @@ setup(
     ],
     extras_require={
         "tf": ["tensorflow>=2.16", "keras>=3.0"],
+        # GPU arrays through NCCL (docs/gpu.md): CUDA 12, or CUDA 13
         "gpu": ["cupy-cuda12x", "nvidia-nccl-cu12"],
+        "gpu-cu13": ["cupy-cuda13x", "nvidia-nccl-cu13"],
         # tf-keras: the legacy-Keras (TF_USE_LEGACY_KERAS=1) checks and the native
         # MultiWorkerMirroredStrategy comparison need it.
         "test": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "matplotlib", "tf-keras>=2.16"],

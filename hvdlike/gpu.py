@@ -193,7 +193,7 @@ class DeviceResult(NamedTuple):
     recorded on the engine's stream after it, and the inputs, kept alive until then."""
 
     value: Any
-    done: Any  # cupy.cuda.Event
+    done: Any  # cupy.cuda.Event, or None when the work ran on the caller's stream
     inputs: Any
 
 
@@ -201,7 +201,8 @@ def finisher(restore: Callable[[Any], Any]) -> Callable[[DeviceResult], Any]:
     """What ``synchronize()`` applies to a GPU result, on the caller's thread: order the
     caller's current stream after the collective, then return the caller's kind of arrays."""
     def finish(result: DeviceResult) -> Any:
-        cupy().cuda.get_current_stream().wait_event(result.done)
+        if result.done is not None:
+            cupy().cuda.get_current_stream().wait_event(result.done)
         return _map_arrays(result.value, restore)
     return finish
 

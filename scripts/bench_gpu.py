@@ -14,7 +14,9 @@ this measures hvdlike's per-call cost on top of NCCL, not a network), per float3
 * copy:    ``cupy.copyto`` of the same bytes (what the NCCL call amounts to here).
 
 Each series is a batch of calls issued back to back, then one device synchronization; the time
-per call is the batch's wall time / calls, median over batches, series interleaved. Ratio =
+per call is the batch's wall time / calls (at least 20 calls at np=1, so that it measures the
+steady state, where the GPU's work hides the host's per-call cost once it is longer), median
+over batches, series interleaved. Ratio =
 raw time / hvdlike time (target >= 0.95 at >= 16 MiB).
 
 np=2 on one GPU (NCCL refuses two ranks on one GPU, so hvdlike stages through host memory):
@@ -117,7 +119,10 @@ def main(argv: List[str] = None) -> int:
     rows = []
     for nbytes in parse_sizes(args.sizes):
         series = series_np1(nbytes) if n == 1 else series_np2(nbytes, comm)
-        calls = max(3, min(100, (1 << 30) // nbytes))
+        # np=1: enough calls that the first one's host-side latency (before the GPU has work)
+        # does not count as the steady state's cost; np=2 is host-bound, a few calls suffice
+        calls = max(20, min(200, (4 << 30) // nbytes)) if n == 1 else \
+            max(3, min(100, (1 << 30) // nbytes))
         for fn in series.values():  # warm-up: communicators, pools, pinned buffers
             timed(comm, fn, 2)
         samples: Dict[str, List[float]] = {k: [] for k in series}

@@ -160,6 +160,10 @@ def _stream_after(works: Sequence[Work], device: int) -> Any:
 
 
 def _finished(value: Any, work: Work, stream: Any) -> gpu.DeviceResult:
+    """The result, with the event its caller's stream must wait for (none when the work ran
+    on that very stream)."""
+    if stream is work.inputs.stream:
+        return gpu.DeviceResult(value, None, work.inputs)
     done = gpu.cupy().cuda.Event(block=False, disable_timing=True)
     done.record(stream)
     return gpu.DeviceResult(value, done, work.inputs)
