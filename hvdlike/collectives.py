@@ -43,6 +43,10 @@ class _Inputs:
         if all(type(x) is np.ndarray for x in xs):
             self.arrays = [_array(x) for x in xs]
             return
+        if len(xs) == 1 and gpu.is_device_array(xs[0]):
+            converted = gpu.as_cupy(xs[0])
+            self.arrays, self.restore = [converted.array], converted.restore
+            return
         kind, why = gpu.device_kind(xs)
         if kind == "cpu" and why is None:
             self.arrays = [_array(x) for x in xs]

@@ -83,14 +83,18 @@ def fusion_key(work: Work, i: int) -> Tuple[Any, ...]:
 Phases = Optional[List[Tuple[str, float, float]]]  # (name, start, end) for the timeline
 
 
+Empty = Callable[[tuple, np.dtype], np.ndarray]
+
+
 def run_allreduces(st: Any, works: Sequence[Work],
-                   trace: Optional[Callable[[List[int], Phases, Dict[str, Any]], None]] = None
-                   ) -> None:
+                   trace: Optional[Callable[[List[int], Phases, Dict[str, Any]], None]] = None,
+                   empty: Empty = results.empty) -> None:
     """Run every all-reduce response of a round, fused into buckets by bytes. ``trace``
-    (the timeline) gets each bucket's members (indices into ``works``), phases and sizes."""
+    (the timeline) gets each bucket's members (indices into ``works``), phases and sizes;
+    ``empty(shape, dtype)`` makes the result arrays."""
     if len(works) == 1 and len(works[0].inputs) == 1 and trace is None:  # latency path
         work = works[0]
-        (out,) = _allreduce_bucket(st, work, work.inputs)
+        (out,) = _allreduce_bucket(st, work, work.inputs, None, empty)
         work.done(out if work.request.kind == "allreduce" else [out])
         return
     tensors: List[Tuple[int, int]] = [(w, i) for w, work in enumerate(works)
@@ -104,7 +108,7 @@ def run_allreduces(st: Any, works: Sequence[Work],
         members = [tensors[b] for b in bucket]
         phases: Phases = [] if trace is not None else None
         reduced = _allreduce_bucket(st, works[members[0][0]],
-                                    [works[w].inputs[i] for w, i in members], phases)
+                                    [works[w].inputs[i] for w, i in members], phases, empty)
         for (w, i), r in zip(members, reduced):
             outs[w][i] = r
         if trace is not None:
@@ -149,7 +153,7 @@ def _plan(dtype: np.dtype, op_value: int, scale: Tuple[float, float], n: int) ->
 
 
 def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray],
-                      phases: Phases = None) -> List[np.ndarray]:
+                      phases: Phases = None, empty: Empty = results.empty) -> List[np.ndarray]:
     """All-reduce arrays sharing op, factors and reduction dtype; returns new arrays."""
     clock = _Clock(phases)
     request, ps = first.request, first.process_set
@@ -163,11 +167,11 @@ def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray],
     else:
         sends = []
         for a in arrays:
-            buf = results.empty(a.shape, work)
+            buf = empty(a.shape, work)
             fusion.pack([a], buf.reshape(-1), request.scale[0])
             sends.append(buf)
         clock.done("PRESCALE_OR_CAST")
-    recvs = sends if not as_is else [results.empty(a.shape, work) for a in arrays]
+    recvs = sends if not as_is else [empty(a.shape, work) for a in arrays]
     total = sum(r.nbytes for r in recvs)
     shm = ps._shm
     if shm is not None and total >= st.settings.shm_threshold and shm.reserve(total):
@@ -195,7 +199,7 @@ def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray],
             offset += r.size
         _pool.release(base)
         clock.done("MEMCPY_OUT_FUSION_BUFFER")
-    out = [_result(r, a.dtype) for r, a in zip(recvs, arrays)]
+    out = [_result(r, a.dtype, empty) for r, a in zip(recvs, arrays)]
     if work != dtype and dtype.kind != "b":
         clock.done("CAST_OUT")
     return out
@@ -230,12 +234,12 @@ def _shm_allreduce(shm: Any, sends: List[np.ndarray], recvs: List[np.ndarray], o
     _pool.release(recv_base)
 
 
-def _result(buf: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _result(buf: np.ndarray, dtype: np.dtype, empty: Empty) -> np.ndarray:
     if dtype.kind == "b":
         return buf.view(np.bool_)
     if buf.dtype == dtype:
         return buf
-    out = results.empty(buf.shape, dtype)
+    out = empty(buf.shape, dtype)
     np.copyto(out, buf, casting="unsafe")
     return out
 

@@ -109,9 +109,10 @@ def run_allreduces(st: Any, works: Sequence[Work],
         device = _device_of(work)
         t = _transport(st, work, device)
         (staged if t is STAGED else direct).append((w, work, t, device))
-    if staged:
+    if staged:  # results in pinned memory, so that their copies to the GPU are fast
         execute.run_allreduces(st, [_staged(work, device) for _, work, _, device in staged],
-                               trace and (lambda m, p, a: trace([staged[i][0] for i in m], p, a)))
+                               trace and (lambda m, p, a: trace([staged[i][0] for i in m], p, a)),
+                               _pinned_empty)
     if direct:
         _nccl_allreduces(st, direct, trace)
 
@@ -151,11 +152,12 @@ def _stream_after(works: Sequence[Work], device: int) -> Any:
     if first is not None and all(w.inputs.stream is first for w in works[1:]):
         return first
     stream = gpu.engine_stream(device)
-    for w in works:
-        if w.inputs.ready is not None:
-            stream.wait_event(w.inputs.ready)
-        elif w.inputs.stream is not None:  # a blocking caller: it enqueues nothing meanwhile
-            stream.wait_event(w.inputs.stream.record())
+    with gpu.cupy().cuda.Device(device):
+        for w in works:
+            if w.inputs.ready is not None:
+                stream.wait_event(w.inputs.ready)
+            elif w.inputs.stream is not None:  # a blocking caller enqueues nothing meanwhile
+                stream.wait_event(w.inputs.stream.record())
     return stream
 
 
@@ -183,6 +185,12 @@ def _to_host(value: Any, stream: Any) -> Any:
     return host
 
 
+def _pinned_empty(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    import cupyx
+
+    return cupyx.empty_pinned(shape, dtype)
+
+
 def _to_device(value: Any, stream: Any) -> Any:
     if isinstance(value, list):
         return [_to_device(v, stream) for v in value]
@@ -195,7 +203,11 @@ def _to_device(value: Any, stream: Any) -> Any:
 
 def _on_device(value: Any, work: Work, stream: Any) -> gpu.DeviceResult:
     with stream:
-        return _finished(_to_device(value, stream), work, stream)
+        result = _finished(_to_device(value, stream), work, stream)
+    # a copy from pinned memory runs after set() returns: the host arrays (from CuPy's pinned
+    # pool, reused as soon as they are dropped) must outlive it
+    stream.synchronize()
+    return result
 
 
 class _StagedWork(NamedTuple):
@@ -247,11 +259,10 @@ def _nccl_allreduces(st: Any, items: List[Tuple[int, Work, Any, int]],
         _, first, comm, device = items[members[0][0]]
         start = time.perf_counter()
         ks = sorted({k for k, _ in members})
-        with cp.cuda.Device(device):
-            stream = _stream_after([items[k][1] for k in ks], device)
-            with stream:
-                reduced = _allreduce_bucket(cp, comm, stream, first.request, device,
-                                            [items[k][1].inputs.inputs[i] for k, i in members])
+        stream = _stream_after([items[k][1] for k in ks], device)
+        reduced = _run_on(cp, device, stream, _allreduce_bucket, cp, comm, stream,
+                          first.request, device,
+                          [items[k][1].inputs.inputs[i] for k, i in members])
         for (k, i), r in zip(members, reduced):
             outs[k][i] = r
         for k in ks:
@@ -264,10 +275,18 @@ def _nccl_allreduces(st: Any, items: List[Tuple[int, Work, Any, int]],
                   {"bucket": number, "tensors": len(members),
                    "bytes": int(sum(sizes[b] for b in bucket))})
     for (_, work, _, device), out, stream in zip(items, outs, streams):
-        with cp.cuda.Device(device):
-            result = _finished(out if work.request.kind == "grouped_allreduce" else out[0],
-                               work, stream)
-        work.done(result)
+        work.done(_run_on(cp, device, stream, _finished,
+                          out if work.request.kind == "grouped_allreduce" else out[0],
+                          work, stream))
+
+
+def _run_on(cp: Any, device: int, stream: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with ``device`` and ``stream`` current, switching only where they are not
+    already (a blocking call's round usually runs on the caller's thread, on its stream)."""
+    if cp.cuda.runtime.getDevice() == device and cp.cuda.get_current_stream().ptr == stream.ptr:
+        return fn(*args)
+    with cp.cuda.Device(device), stream:
+        return fn(*args)
 
 
 def _allreduce_bucket(cp: Any, comm: Any, stream: Any, request: Request, device: int,
@@ -283,7 +302,7 @@ def _allreduce_bucket(cp: Any, comm: Any, stream: Any, request: Request, device:
     if len(arrays) == 1 and work.itemsize == dtype.itemsize and prescale == 1.0:
         a = arrays[0]
         out = cp.empty(a.shape, work)
-        comm.allreduce(a.view(work), out, wire, stream, native_average)
+        comm.allreduce(a if work == dtype else a.view(work), out, wire, stream, native_average)
         if scale is not None:
             scale(out)
         return [out.astype(dtype, copy=False)]
