@@ -74,25 +74,43 @@ def broadcast_global_variables(root_rank):
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
-def _to_python(obj):
+def _plain(obj, session=None):
+    """``obj`` with the TensorFlow values in it (also inside dicts, lists and tuples, whatever
+    their keys) as NumPy arrays; graph tensors are evaluated in ``session`` (or the default
+    session). Never raises: what cannot be converted stays as it is, and the core then reports
+    that it cannot be pickled, on every rank."""
+    if isinstance(obj, dict):
+        items = {k: _plain(v, session) for k, v in obj.items()}
+        return obj if all(items[k] is v for k, v in obj.items()) else items
+    if isinstance(obj, (list, tuple)):
+        values = [_plain(v, session) for v in obj]
+        if all(a is b for a, b in zip(values, obj)):
+            return obj
+        return type(obj)(*values) if hasattr(obj, "_fields") else type(obj)(values)
     if isinstance(obj, (tf.Tensor, tf.Variable)):
-        return obj.numpy()
+        try:
+            if tf.executing_eagerly():
+                return obj.numpy()
+            session = session or tf.compat.v1.get_default_session()
+            return session.run(obj) if session is not None else obj
+        except Exception:  # noqa: BLE001 - left for the core's pickling error, on every rank
+            return obj
     return obj
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None,
                      process_set=_core.global_process_set):
-    """Return ``root_rank``'s ``obj`` (any picklable value; TF tensors as NumPy) on every rank."""
-    return _core.broadcast_object(tf.nest.map_structure(_to_python, obj)
-                                  if isinstance(obj, (list, tuple, dict)) else _to_python(obj),
-                                  root_rank=root_rank, process_set=process_set)
+    """Return ``root_rank``'s ``obj`` (any picklable value; TF tensors as NumPy) on every rank.
+    In a tf.compat.v1 graph, tensors in ``obj`` are evaluated in ``session`` (default: the
+    default session)."""
+    if _core.rank() == root_rank:
+        obj = _plain(obj, session)
+    return _core.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)
 
 
 def allgather_object(obj, session=None, name=None, process_set=_core.global_process_set):
     """Return ``[obj of rank 0, obj of rank 1, ...]`` on every rank (TF tensors as NumPy)."""
-    return _core.allgather_object(tf.nest.map_structure(_to_python, obj)
-                                  if isinstance(obj, (list, tuple, dict)) else _to_python(obj),
-                                  process_set=process_set)
+    return _core.allgather_object(_plain(obj, session), name=name, process_set=process_set)
 
 
 def broadcast_model_and_optimizer(model, optimizer=None, root_rank=0,

@@ -349,8 +349,9 @@ def _allgather_raw(tensors, name, process_set):
 
 
 def _allgather_grad(x, dy, name, process_set):
-    """Gradient of allgather: sum the gradient over ranks, keep this rank's rows."""
-    dy = _allreduce_raw([tf.convert_to_tensor(dy)], Sum, 1.0, 1.0,
+    """Gradient of allgather: average the gradient over ranks (as Horovod does), keep this
+    rank's rows."""
+    dy = _allreduce_raw([tf.convert_to_tensor(dy)], Average, 1.0, 1.0,
                         None if name is None else name + "/grad", process_set)[0]
     d0 = tf.reshape(tf.shape(x, out_type=tf.int64)[0], [1])
     sizes = _allgather_raw([d0], None if name is None else name + "/grad_sizes",
@@ -384,7 +385,7 @@ def allgather(tensor, name=None, process_set=global_process_set, ignore_name_sco
 
     Every rank passes a tensor with the same dtype and the same shape except the
     first dimension, which may differ; every rank gets the concatenation.  The
-    gradient sums the incoming gradient over ranks and returns this rank's rows.
+    gradient averages the incoming gradient over ranks and returns this rank's rows.
     """
     tensor = _to_tensor(tensor, "allgather", name)
     return _grouped_allgather_with_grad([tensor], name, process_set)[0]
@@ -412,7 +413,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set,
     """Return ``root_rank``'s value of ``tensor`` on every rank.
 
     Every rank passes a tensor of the same dtype and shape and the same root.  The
-    gradient is the sum of the incoming gradients on the root and zero elsewhere.
+    gradient is the average of the incoming gradients on the root and zero elsewhere.
     """
     tensor = _to_tensor(tensor, "broadcast", name)
 
@@ -421,9 +422,12 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set,
         y = _broadcast_raw(x, root_rank, name, process_set)
 
         def grad(dy):
-            g = _allreduce_raw([tf.convert_to_tensor(dy)], Sum, 1.0, 1.0,
+            g = _allreduce_raw([tf.convert_to_tensor(dy)], Average, 1.0, 1.0,
                                None if name is None else name + "/grad", process_set)[0]
-            return g if _core.rank() == root_rank else tf.zeros_like(g)  # world ranks
+            if _core.rank() == root_rank:  # world ranks, as Horovod compares them
+                return g
+            with tf.control_dependencies([g]):  # in a graph the all-reduce must still run
+                return tf.zeros_like(g)
         return y, grad
 
     if not tensor.dtype.is_floating:

@@ -23,6 +23,7 @@ CHECKS = [
     "broadcast_variables_object_and_allgather_object",
     "independent_collectives_in_v1_graph_run_in_any_order",
     "named_collectives_built_in_rank_dependent_order_in_tf_function",
+    "horovod_gradient_cases_eager_function_and_v1_graph",
 ]
 
 WORLDS = {"np1_without_mpirun": (1, False), "np2": (2, True), "np4": (4, True)}

@@ -118,11 +118,13 @@ def _():
         assert y.shape.as_list() == [None if n > 1 else 1, 2], y.shape
         return y
     assert_close(f(x), expect)
-    # d/dx of sum_r sum(allgather(x) * c_r): sum over ranks of c_r, this rank's rows
+    # the gradient of allgather averages the incoming gradients c_r over ranks (Horovod's
+    # rule) and keeps this rank's rows
     with tf.GradientTape() as tape:
         tape.watch(x)
         loss = tf.reduce_sum(hvd.allgather(x) * float(r + 1))
-    assert_close(tape.gradient(loss, x), np.full((r + 1, 2), sum(range(1, n + 1)), np.float32))
+    assert_close(tape.gradient(loss, x),
+                 np.full((r + 1, 2), sum(range(1, n + 1)) / n, np.float32))
     ys = hvd.grouped_allgather([x, tf.constant([r], tf.int64)])
     assert_close(ys[0], expect)
     assert ys[1].numpy().tolist() == list(range(n))
@@ -140,7 +142,7 @@ def _():
         tape.watch(x)
         loss = tf.reduce_sum(hvd.broadcast(x, root_rank=n - 1) * float(r + 1))
     g = tape.gradient(loss, x)
-    expect = sum(range(1, n + 1)) if r == n - 1 else 0.0
+    expect = sum(range(1, n + 1)) / n if r == n - 1 else 0.0  # averaged, as in Horovod
     assert_close(g, np.full((2, 3), expect, np.float32))
 
 
@@ -361,10 +363,76 @@ def _():
             tape.watch(x)
             loss = tf.reduce_sum(hvd.broadcast(x, root_rank=root, process_set=ps) * float(r + 1))
         g = tape.gradient(loss, x)
-        expect = sum(q + 1 for q in members) if r == root else 0.0
+        expect = sum(q + 1 for q in members) / len(members) if r == root else 0.0
         assert_close(g, np.full((2, 2), expect, np.float32))
     if n > 1:
         hvd.remove_process_set(ps)
 
+
+
+# Horovod's gradient tests (test_horovod_{allgather,broadcast,grouped_allgather}_grad_cpu):
+# the same cases eagerly, in a tf.function and in a tf.compat.v1 graph; these used to hang
+SIZES = [3, 2, 7, 4, 6, 8, 10]
+
+
+def _grads(build, mode):
+    """``build(x)`` -> (outputs, their upstream gradients, inputs); their gradient, in
+    ``mode``: "eager" (GradientTape), "function" (tf.function) or "graph" (v1 gradients)."""
+    if mode == "graph":
+        with tf.Graph().as_default() as graph:
+            outs, ys, xs = build()
+            grads = tf.compat.v1.gradients(outs, xs, ys)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            return sess.run(grads)
+
+    def run():
+        with tf.GradientTape() as tape:
+            outs, ys, xs = build(tape)
+        return tape.gradient(outs, xs, ys)
+    got = tf.function(run)() if mode == "function" else run()
+    return [g.numpy() for g in got]
+
+
+def _watched(value, tape):
+    x = tf.constant(value)
+    if tape is not None:
+        tape.watch(x)
+    return x
+
+
+@check("horovod_gradient_cases_eager_function_and_v1_graph")
+def _():
+    sizes = SIZES[:n] if n <= len(SIZES) else [2] * n
+    for mode in ("eager", "function", "graph"):
+        for dtype, dim in ((np.float32, 1), (np.float64, 2), (np.float32, 3)):
+            tail = [17] * (dim - 1)
+
+            def allgather_case(tape=None):
+                x = _watched(np.full([sizes[r]] + tail, r, dtype), tape)
+                ys = tf.concat([tf.ones([s] + tail, dtype) * q for q, s in enumerate(sizes)], 0)
+                return [hvd.allgather(x)], [ys], [x]
+            (g,) = _grads(allgather_case, mode)
+            assert_close(g, np.full([sizes[r]] + tail, r, dtype), msg=f"allgather {mode} {dim}")
+
+            for root in range(n):
+                def broadcast_case(tape=None, root=root):
+                    x = _watched(np.full([5] * dim, r, dtype), tape)
+                    return [hvd.broadcast(x, root)], [tf.ones([5] * dim, dtype)], [x]
+                (g,) = _grads(broadcast_case, mode)
+                assert_close(g, np.full([5] * dim, 1.0 if r == root else 0.0, dtype),
+                             msg=f"broadcast {mode} root {root}")
+
+        def grouped_case(tape=None):
+            xs = [_watched(np.full([sizes[r], 3], r, np.float32), tape),
+                  _watched(np.full([sizes[r]], r, np.float64), tape)]
+            outs = hvd.grouped_allgather(xs)
+            return outs, [tf.ones_like(o) * 2 for o in outs], xs
+        for g, shape in zip(_grads(grouped_case, mode), ([sizes[r], 3], [sizes[r]])):
+            assert_close(g, np.full(shape, 2.0), msg=f"grouped_allgather {mode}")
+
+    with tf.Graph().as_default():  # graph mode: Horovod's test_broadcast_object
+        expected = {"hello": 123, 0: [1, 2]}
+        got = hvd.broadcast_object(expected if r == 0 else {}, root_rank=0)
+    assert got == expected, got
 
 close()
