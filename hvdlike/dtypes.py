@@ -1,7 +1,9 @@
 """The dtypes hvdlike collectives accept, and how each is reduced.
 
-float16 and bfloat16 have no MPI datatype: they are reduced in float32 and rounded once at the
-end. bool supports Sum/Max (logical or) and Min/Product (logical and), not Average. Integer
+float16 and bfloat16 have no MPI datatype: they are reduced in float32. Scaling follows
+Horovod's definition: a prescaled value is computed in float32 and rounded to the 16-bit dtype
+before the reduction; the reduced sum is rounded to it before the postscale (or Average's
+1/n) is applied, and the result is rounded once more. bool supports Sum/Max (logical or) and Min/Product (logical and), not Average. Integer
 Average keeps the dtype: the sum is divided by the set size and truncated toward zero.
 """
 from typing import Optional
@@ -16,13 +18,13 @@ BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 SUPPORTED = tuple(
     np.dtype(t)
     for t in (np.float16, BFLOAT16, np.float32, np.float64, np.int8, np.int16, np.int32,
-              np.int64, np.uint8, np.bool_)
+              np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)
 )
 _SUPPORTED_SET = frozenset(SUPPORTED)
 _SUPPORTED_NAMES = ", ".join(str(d) for d in SUPPORTED)
 _FLOAT32 = np.dtype(np.float32)
 _UINT8 = np.dtype(np.uint8)
-_HALF = frozenset((np.dtype(np.float16), BFLOAT16))
+HALF = frozenset((np.dtype(np.float16), BFLOAT16))
 
 
 def dtype_error(dtype: np.dtype) -> Optional[str]:
@@ -37,7 +39,7 @@ def reduce_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype the reduction itself runs in (float32 for 16-bit floats, uint8 for bool)."""
     if dtype.kind == "b":
         return _UINT8
-    if dtype in _HALF:
+    if dtype in HALF:
         return _FLOAT32
     return dtype
 

@@ -8,6 +8,8 @@ from typing import Callable, Dict, Hashable, List, Sequence
 
 import numpy as np
 
+from .dtypes import HALF
+
 
 def plan_buckets(keys: Sequence[Hashable], nbytes: Sequence[int], threshold: int) -> List[List[int]]:
     """Indices of tensors grouped into buckets: same key (reduction dtype), in call order, each
@@ -29,17 +31,22 @@ def plan_buckets(keys: Sequence[Hashable], nbytes: Sequence[int], threshold: int
 
 def pack(arrays: Sequence[np.ndarray], buffer: np.ndarray, scale: float = 1.0) -> None:
     """Copy ``arrays`` one after another into the flat ``buffer`` (cast to its dtype, times
-    ``scale``; integer results are truncated toward zero)."""
+    ``scale``, as Horovod scales: integers in float64, truncated toward zero; 16-bit floats in
+    float32, rounded to their dtype; other floats in their dtype)."""
     offset = 0
     for a in arrays:
         n = a.size
         dst = buffer[offset:offset + n]
+        flat = a.reshape(-1)
         if scale == 1.0:
-            np.copyto(dst, a.reshape(-1), casting="unsafe")
+            np.copyto(dst, flat, casting="unsafe")
+        elif a.dtype in HALF:
+            np.copyto(dst, (flat.astype(np.float32) * np.float32(scale)).astype(a.dtype),
+                      casting="unsafe")
         elif buffer.dtype.kind == "f":
-            np.multiply(a.reshape(-1), scale, out=dst, casting="unsafe")
+            np.multiply(flat, buffer.dtype.type(scale), out=dst, casting="unsafe")
         else:
-            np.copyto(dst, a.reshape(-1) * scale, casting="unsafe")
+            np.copyto(dst, flat * scale, casting="unsafe")
         offset += n
 
 

@@ -13,11 +13,22 @@ def reduce(arrays: Sequence[np.ndarray], op: str, prescale: float = 1.0,
     if dtype.kind == "b":
         return (stack.any(0) if op in ("Sum", "Max") else stack.all(0)).astype(bool)
     if dtype.kind == "f" or str(dtype) == "bfloat16":
+        # Horovod's definition: scaled in the dtype (16-bit floats: in float32, rounded to
+        # the dtype after the prescale and before the postscale)
         work = np.float64 if dtype == np.float64 else np.float32
-        s = stack.astype(work) * prescale if prescale != 1.0 else stack.astype(work)
+        half = dtype.itemsize == 2
+        s = stack.astype(work)
+        if prescale != 1.0:
+            s = s * work(prescale)
+            if half:
+                s = s.astype(dtype).astype(work)
         r = _apply(s, op)
         scale = postscale / n if op == "Average" else postscale
-        return (r * scale).astype(work).astype(dtype)
+        if scale != 1.0:
+            if half:
+                r = r.astype(dtype).astype(work)
+            r = r * work(scale)
+        return r.astype(work).astype(dtype)
     # integers: prescale truncates each input; Average/postscale truncate toward zero
     s = np.trunc(stack.astype(np.float64) * prescale).astype(dtype) if prescale != 1.0 else stack
     r = _apply(s, op)

@@ -40,6 +40,8 @@ def expected(case: Case, rank: int, n: int):
         return reference.reduce(xs, case.op)
     if base == "allreduce_scaled":
         return reference.reduce(xs, case.op, prescale=0.5, postscale=3.0)
+    if base == "allreduce_scaled_random":
+        return reference.reduce(xs, case.op, prescale=0.3, postscale=1.7)
     if base == "reducescatter":
         return reference.scatter_block(reference.reduce(xs, case.op), rank, n)
     if base == "allgather":

@@ -37,12 +37,20 @@ class Work(NamedTuple):
 
 # ----------------------------------------------------------------------------- scaling
 
-def _scale_in_place(buf: np.ndarray, op: ReduceOp, postscale: float, n: int) -> None:
-    """Apply Average's 1/n and the postscale factor to a reduced buffer, in its dtype."""
+def _scale_in_place(buf: np.ndarray, op: ReduceOp, postscale: float, n: int,
+                    half: Optional[np.dtype] = None) -> None:
+    """Apply Average's 1/n and the postscale factor to a reduced buffer, in its dtype.
+    ``half``: the 16-bit float dtype a float32 ``buf`` stands for; the sum is rounded to it
+    first, as Horovod reduces such tensors in their own dtype."""
     if buf.dtype.kind == "f":
         scale = postscale / n if op == ReduceOp.AVERAGE else postscale
         if scale != 1.0:
-            buf *= scale
+            if half is not None:
+                buf[...] = buf.astype(half)
+            if buf.dtype.itemsize == 2:  # float16 reduced natively (GPU): scaled in float32
+                buf[...] = (buf.astype(np.float32) * np.float32(scale)).astype(buf.dtype)
+            else:
+                buf *= scale
     elif buf.dtype.kind in "iu":
         if op == ReduceOp.AVERAGE and postscale == 1.0 and n > 1:
             negative_inexact = (buf % n != 0) & (buf < 0)
@@ -53,10 +61,16 @@ def _scale_in_place(buf: np.ndarray, op: ReduceOp, postscale: float, n: int) -> 
             buf[...] = buf * scale  # float64 product, truncated toward zero on assignment
 
 
-def _scaler(op: ReduceOp, postscale: float, n: int) -> Optional[InPlacePass]:
+def _scaler(op: ReduceOp, postscale: float, n: int,
+            half: Optional[np.dtype] = None) -> Optional[InPlacePass]:
     if op != ReduceOp.AVERAGE and postscale == 1.0:
         return None
-    return functools.partial(_scale_in_place, op=op, postscale=postscale, n=n)
+    return functools.partial(_scale_in_place, op=op, postscale=postscale, n=n, half=half)
+
+
+def _half(dtype: np.dtype, work: np.dtype) -> Optional[np.dtype]:
+    """``dtype`` when it is a 16-bit float reduced in a wider ``work`` dtype, else None."""
+    return dtype if dtype in dtypes.HALF and work != dtype else None
 
 
 def _wire_op(dtype: np.dtype, op: ReduceOp) -> ReduceOp:
@@ -149,7 +163,7 @@ def _plan(dtype: np.dtype, op_value: int, scale: Tuple[float, float], n: int) ->
     work = dtypes.reduce_dtype(dtype)
     return _Plan(work, _wire_op(dtype, op),
                  dtype.kind == "b" or (work == dtype and prescale == 1.0),
-                 _scaler(op, postscale, n))
+                 _scaler(op, postscale, n, _half(dtype, work)))
 
 
 def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray],
@@ -339,7 +353,7 @@ def reducescatter(st: Any, work: Work) -> Any:
         recv = recv_base[:int(counts[me])]
         st.transport.reduce_scatter(comm, send, recv, counts, _wire_op(members[0].dtype, op),
                                     True)
-        _scale_in_place(recv, op, postscale, n)
+        _scale_in_place(recv, op, postscale, n, _half(members[0].dtype, wdtype))
         out_dtypes = [np.dtype(np.uint8) if a.dtype.kind == "b" else a.dtype for a in members]
         shapes = [(int(rw[me]),) + a.shape[1:] for a, rw in zip(members, rows)]
         for i, a, r in zip(bucket, members, fusion.unpack(recv, shapes, out_dtypes, results.empty)):

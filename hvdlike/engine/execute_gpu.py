@@ -298,7 +298,8 @@ def _allreduce_bucket(cp: Any, comm: Any, stream: Any, request: Request, device:
     prescale, postscale = request.scale
     wire = dtypes.bool_op(op) if dtype.kind == "b" else op
     native_average = op == ReduceOp.AVERAGE and postscale == 1.0 and work.kind == "f"
-    scale = None if native_average else execute._scaler(op, postscale, comm.size)
+    scale = None if native_average else execute._scaler(op, postscale, comm.size,
+                                                        execute._half(dtype, work))
     if len(arrays) == 1 and work.itemsize == dtype.itemsize and prescale == 1.0:
         a = arrays[0]
         out = cp.empty(a.shape, work)
@@ -399,7 +400,7 @@ def _reducescatter(st: Any, work: Work, comm: Any, stream: Any) -> Any:
             comm.reduce_scatter(send, recv, dtypes.bool_op(op) if dtype.kind == "b" else op,
                                 stream)
         mine = recv[:int(rows[me]) * row_elems]
-        execute._scale_in_place(mine, op, postscale, n)
+        execute._scale_in_place(mine, op, postscale, n, execute._half(dtype, wdtype))
         outs.append(mine.reshape((int(rows[me]),) + a.shape[1:]).astype(dtype, copy=True))
     return outs[0] if request.kind == "reducescatter" else outs
 

@@ -27,7 +27,7 @@ from hvdlike.tensorflow import compat, devices
 from hvdlike.tensorflow.compression import Compression
 
 _SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
-                     tf.int32, tf.int64, tf.uint8, tf.bool)
+                     tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool)
 
 
 # --------------------------------------------------------------------------- helpers

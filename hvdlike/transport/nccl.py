@@ -6,8 +6,8 @@ creates its rank's communicator (a collective call, made by every member at the 
 the engine's identical run order). Every call is enqueued on the given stream and returns
 without waiting for the GPU. Buffers are CuPy arrays; counts are elements of their dtype.
 
-NCCL has no 16-bit integer or bool reductions: the engine reduces int16 in int32, bfloat16 in
-float32 and bool as uint8 (max = or, min = and). NCCL refuses two ranks on one GPU ("Duplicate
+NCCL has no 16-bit integer or bool reductions: the engine reduces int16 and uint16 in int32,
+bfloat16 in float32 and bool as uint8 (max = or, min = and). NCCL refuses two ranks on one GPU ("Duplicate
 GPU detected"), so the engine checks for shared GPUs before it makes a communicator here (see
 ``shares_gpu``).
 """
@@ -33,12 +33,12 @@ _UINT8 = 1
 
 
 def reduce_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype NCCL reduces ``dtype`` in: itself, except int16 and bfloat16 (int32, float32:
-    NCCL has no int16, and CuPy's bfloat16 arithmetic for the scaling is limited) and bool
-    (uint8). float16 is reduced natively, as Horovod does on GPUs."""
+    """The dtype NCCL reduces ``dtype`` in: itself, except int16, uint16 and bfloat16 (int32,
+    float32: NCCL has no 16-bit integers, and CuPy's bfloat16 arithmetic for the scaling is
+    limited) and bool (uint8). float16 is reduced natively, as Horovod does on GPUs."""
     if dtype.kind == "b":
         return np.dtype(np.uint8)
-    if dtype == np.int16:
+    if dtype in (np.int16, np.uint16):
         return np.dtype(np.int32)
     if dtype == dtypes.BFLOAT16:
         return np.dtype(np.float32)

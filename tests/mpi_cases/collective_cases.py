@@ -49,6 +49,11 @@ def cases() -> List[Case]:
     out += [Case("grouped_allgather", "mixed"), Case("grouped_allgather_async", "mixed")]
     out += [Case("allreduce_scaled", "float32", "Sum"), Case("allreduce_scaled", "int32", "Sum"),
             Case("allreduce_scaled", "float16", "Average")]
+    # factors that 16-bit floats cannot hold, on values that are not integers: Horovod's
+    # scaling rules show (see reference.reduce)
+    out += [Case("allreduce_scaled_random", d, op) for d in ("float16", "bfloat16", "float32",
+                                                            "int32", "uint16")
+            for op in ("Sum", "Average")]
     return out
 
 
@@ -83,6 +88,10 @@ def inputs(case: Case, rank: int, size: int) -> Any:
     base = case.collective.replace("_async", "")
     if base in ("allreduce", "allreduce_scaled"):
         return _values(case.dtype, (3, 4), _seed(case, rank))
+    if base == "allreduce_scaled_random":
+        dtype = np.dtype(next(d for d in SUPPORTED if str(d) == case.dtype))
+        low = 0 if dtype.kind == "u" else -100
+        return np.random.default_rng(_seed(case, rank)).uniform(low, 100, (5, 7)).astype(dtype)
     if base == "reducescatter":
         return _values(case.dtype, (2 * size + 1, 3), _seed(case, rank))
     if base == "allgather":
@@ -110,6 +119,8 @@ def run_case(case: Case, process_set: Any) -> Any:
     base = case.collective.replace("_async", "")
     if base == "allreduce_scaled":
         return hvd.allreduce(x, op=op, prescale_factor=0.5, postscale_factor=3.0, **kw)
+    if base == "allreduce_scaled_random":
+        return hvd.allreduce(x, op=op, prescale_factor=0.3, postscale_factor=1.7, **kw)
     if base == "broadcast":
         kw["root_rank"] = process_set.ranks[case.root]
         call_args = (x,)

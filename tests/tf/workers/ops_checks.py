@@ -435,4 +435,46 @@ def _():
         got = hvd.broadcast_object(expected if r == 0 else {}, root_rank=0)
     assert got == expected, got
 
+
+@check("horovod_prescale_postscale_and_dtypes")
+def _():
+    """Horovod's test_horovod_allreduce_cpu_{prescale,postscale} (its expected values, its
+    thresholds) and the dtypes its allgather and broadcast tests communicate."""
+    int_types = (tf.int32, tf.int64)
+    for dtype in (tf.int32, tf.int64, tf.float16, tf.float32):
+        wide = tf.float32 if dtype == tf.float16 else tf.float64 if dtype in int_types else dtype
+        threshold = 0 if n <= 3 or dtype in int_types else 1e-4
+        for dim in (1, 2, 3):
+            np.random.seed(1234)
+            factor = np.random.uniform()
+            tf.random.set_seed(1234)
+            tensor = tf.random.uniform([17] * dim, -100, 100, dtype=dtype)
+            f = tf.convert_to_tensor(factor, wide)
+            pre = hvd.allreduce(tensor, average=False, prescale_factor=factor)
+            want = tf.cast(f * tf.cast(tensor, wide), dtype) * n
+            diff = float(tf.reduce_max(tf.abs(tf.cast(pre, tf.float64) - tf.cast(want, tf.float64))))
+            assert diff <= threshold, (dtype.name, dim, "prescale", diff)
+            post = hvd.allreduce(tensor, average=False, postscale_factor=factor)
+            want = tf.cast(f * tf.cast(tensor * n, wide), dtype)
+            diff = float(tf.reduce_max(tf.abs(tf.cast(post, tf.float64) - tf.cast(want, tf.float64))))
+            assert diff <= threshold, (dtype.name, dim, "postscale", diff)
+    for dtype in (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
+                  tf.float32, tf.float64, tf.bool, tf.uint32, tf.uint64):
+        for dim in (1, 2, 3):
+            tensor = tf.ones([17] * dim) * r
+            tensor = tf.cast(tensor % 2 if dtype == tf.bool else tensor, dtype)
+            gathered = hvd.allgather(tensor)
+            assert gathered.shape.as_list() == [17 * n] + [17] * (dim - 1)
+            for q in range(n):
+                value = q % 2 if dtype == tf.bool else q
+                block = tf.cast(gathered[q * 17:(q + 1) * 17], tf.int32)
+                assert bool(tf.reduce_all(tf.equal(block, value))), (dtype.name, dim, q)
+            root = n - 1
+            got = hvd.broadcast(tensor, root)
+            value = root % 2 if dtype == tf.bool else root
+            assert bool(tf.reduce_all(tf.equal(tf.cast(got, tf.int32), value))), (dtype.name, dim)
+        if dtype != tf.bool:
+            summed = hvd.allreduce(tf.cast(tf.ones([4]) * (r + 1), dtype), op=hvd.Sum)
+            assert tf.cast(summed, tf.int64).numpy().tolist() == [n * (n + 1) // 2] * 4, dtype
+
 close()
