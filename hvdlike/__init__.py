@@ -35,8 +35,10 @@ from .reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
 from .timeline import start_timeline, stop_timeline
 from .runtime import (
     cross_rank,
+    ccl_built,
     cross_size,
     cuda_built,
+    ddl_built,
     gloo_built,
     gloo_enabled,
     init,

@@ -13,10 +13,6 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-_IDLE_REFS = 4  # the cache's list, empty()'s loop variable, _idle's parameter, getrefcount's
-_IDLE_BASE_REFS = 2  # the cached array's own base pointer and getrefcount's argument
-
-
 _HUGE_PAGE = 2 << 20
 
 
@@ -29,11 +25,24 @@ def _aligned_empty(shape: tuple, dtype: np.dtype, nbytes: int) -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
-def _idle(a: np.ndarray) -> bool:
-    """Nothing outside the cache refers to ``a`` or to its memory. A view of ``a`` (slice,
-    reshape, ``.view(bool)``) refers to the buffer ``a`` is itself a view of, not to ``a``
-    (NumPy collapses bases), so both reference counts are checked."""
-    return sys.getrefcount(a) == _IDLE_REFS and sys.getrefcount(a.base) == _IDLE_BASE_REFS
+def _counts(a: np.ndarray) -> Tuple[int, int]:
+    """The reference counts of ``a`` and of the buffer it views. A view of ``a`` (slice,
+    reshape, ``.view(bool)``) refers to that buffer, not to ``a`` (NumPy collapses bases), so
+    both show whether anything outside the cache holds ``a``'s memory."""
+    return sys.getrefcount(a), sys.getrefcount(a.base)
+
+
+def _calibrate() -> Tuple[int, int]:
+    """``_counts`` of an array that only the cache holds, called as ``ResultCache.empty`` calls
+    it (from a loop over the cache's list): measured on this interpreter, because CPython
+    versions count references differently (3.14 borrows references on the stack)."""
+    arrays = [_aligned_empty((1,), np.dtype(np.uint8), 1)]
+    for a in arrays:
+        return _counts(a)
+    raise AssertionError("unreachable")
+
+
+_IDLE_COUNTS = _calibrate()
 
 
 class ResultCache:
@@ -50,8 +59,8 @@ class ResultCache:
             return np.empty(shape, dtype)
         key = (tuple(shape), dtype)
         arrays = self._arrays.setdefault(key, [])
-        for a in arrays:
-            if _idle(a):
+        for a in arrays:  # the same shape of code as _calibrate's
+            if _counts(a) == _IDLE_COUNTS:
                 return a
         a = _aligned_empty(shape, dtype, nbytes)
         if self._bytes + nbytes <= self.max_bytes:

@@ -71,16 +71,24 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
 
     MPI = transport.MPI
     world = (MPI.COMM_WORLD if comm is None else comm).Dup()
-    rank, size = world.Get_rank(), world.Get_size()
-    log.setup(rank, settings.log_level)
-    _check_same_settings(world, settings)
-    if rank == 0:  # once per job
-        for note in with_horovod_names(os.environ)[1]:
-            log.logger.warning(note)
-    local_comm = _split_local(MPI, world, settings.node_names)
-    local_rank, local_size = local_comm.Get_rank(), local_comm.Get_size()
-    cross_comm = world.Split(color=local_rank, key=rank)
-    node_of_rank = world.allgather(local_comm.bcast(rank, root=0))
+    made = [world]  # communicators to free if init fails half-way
+    try:
+        rank, size = world.Get_rank(), world.Get_size()
+        log.setup(rank, settings.log_level)
+        _check_same_settings(world, settings)
+        if rank == 0:  # once per job
+            for note in with_horovod_names(os.environ)[1]:
+                log.logger.warning(note)
+        local_comm = _split_local(MPI, world, settings.node_names)
+        made.append(local_comm)
+        local_rank, local_size = local_comm.Get_rank(), local_comm.Get_size()
+        cross_comm = world.Split(color=local_rank, key=rank)
+        made.append(cross_comm)
+        node_of_rank = world.allgather(local_comm.bcast(rank, root=0))
+    except BaseException:
+        for c in made:
+            c.Free()
+        raise
     local_sizes = [node_of_rank.count(node) for node in set(node_of_rank)]
     _state = _State(
         settings=settings, mpi=MPI, transport=transport, world=world, rank=rank, size=size,
@@ -100,8 +108,12 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     abort = settings.abort_on_exception if abort_on_exception is None else abort_on_exception
     if abort and size > 1:
         _install_abort_hook(_state)
-    for process_set in process_sets or ():
-        _ps.add_process_set(process_set)
+    try:
+        for process_set in process_sets or ():
+            _ps.add_process_set(process_set)
+    except BaseException:  # the same error on every rank: leave nothing half-initialized
+        shutdown()
+        raise
 
 
 def _check_same_settings(world: Any, settings: Settings) -> None:
@@ -110,7 +122,6 @@ def _check_same_settings(world: Any, settings: Settings) -> None:
     everyone = [dataclasses.replace(s, log_level="") for s in world.allgather(settings)]
     if all(s == everyone[world.Get_rank()] for s in everyone):
         return
-    world.Free()
     differing = []
     for field in dataclasses.fields(Settings):
         values = [getattr(s, field.name) for s in everyone]
@@ -252,6 +263,16 @@ def cuda_built() -> bool:
     from . import gpu
 
     return gpu.cuda_available()
+
+
+def ccl_built() -> bool:
+    """Always False: hvdlike has no oneCCL path."""
+    return False
+
+
+def ddl_built() -> bool:
+    """Always False: hvdlike has no IBM DDL path."""
+    return False
 
 
 def rocm_built() -> bool:

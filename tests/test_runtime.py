@@ -59,6 +59,14 @@ def test_shutdown_then_init_again_works_and_releases_process_sets():
                          again=[2.0, 2.0])
 
 
+def test_an_init_that_fails_half_way_leaves_no_half_initialized_runtime():
+    for r in run_mpi(2, "runtime_cases:failed_init_leaves_nothing_behind", timeout=60):
+        assert "7" in r["bad set"] and r["initialized after bad set"] is False
+        assert r["bad names"] == "HVDLIKE_NODE_NAMES lists 1 node names but the job has 2 ranks"
+        assert r["initialized after bad names"] is False
+        assert r["sum"] == [2.0] and r["sets"] == 2
+
+
 def test_different_settings_on_different_ranks_fail_init_on_every_rank():
     for r in run_mpi(2, "runtime_cases:settings_differ_between_ranks", timeout=60):
         assert r["error"] == (

@@ -4,19 +4,25 @@ from hvdlike import (  # noqa: F401
     cross_size, ReduceOp, Average, Sum, Min, Max, Product, ProcessSet, global_process_set,
     add_process_set, remove_process_set, CollectiveMismatchError, NotInitializedError,
     mpi_enabled, mpi_built, mpi_threads_supported, gloo_enabled, gloo_built, nccl_built,
-    cuda_built, rocm_built, pin_gpu, is_homogeneous, start_timeline, stop_timeline,
+    cuda_built, rocm_built, ccl_built, ddl_built, pin_gpu, is_homogeneous, start_timeline,
+    stop_timeline,
 )
 
 from hvdlike.tensorflow.compression import Compression  # noqa: F401
 from hvdlike.tensorflow.ops import (  # noqa: F401
     allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast, alltoall,
     reducescatter, grouped_reducescatter, join, barrier, rank_op, size_op, local_rank_op,
-    local_size_op,
+    local_size_op, process_set_included_op,
 )
-from hvdlike.tensorflow.tape import DistributedGradientTape  # noqa: F401
-from hvdlike.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
+from hvdlike.tensorflow.tape import (  # noqa: F401
+    DistributedGradientTape, PartialDistributedGradientTape,
+)
+from hvdlike.tensorflow.optimizer import (  # noqa: F401
+    DistributedOptimizer, PartialDistributedOptimizer,
+)
 from hvdlike.tensorflow.functions import (  # noqa: F401
     broadcast_variables, broadcast_global_variables, broadcast_object, allgather_object,
+    broadcast_, broadcast_object_fn,
 )
 from hvdlike.tensorflow.data import shard_dataset  # noqa: F401
 from hvdlike.tensorflow.tf_config_emulation import tf_config, export_tf_config  # noqa: F401

@@ -58,6 +58,14 @@ def broadcast_variables(variables, root_rank, process_set=_core.global_process_s
     return tf.group(*[a for a in assigns if a is not None])
 
 
+def broadcast_(variables, root_rank, name=None, process_set=_core.global_process_set):
+    """Horovod's in-place broadcast: assign ``root_rank``'s values to ``variables`` (see
+    :func:`broadcast_variables`) and return them."""
+    variables = list(variables)
+    broadcast_variables(variables, root_rank, process_set=process_set)
+    return variables
+
+
 def broadcast_global_variables(root_rank):
     """TF1 graph mode only: broadcast all ``tf.compat.v1`` global variables.
 
@@ -106,6 +114,15 @@ def broadcast_object(obj, root_rank=0, session=None, name=None,
     if _core.rank() == root_rank:
         obj = _plain(obj, session)
     return _core.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None,
+                        process_set=_core.global_process_set):
+    """A function ``fn(obj)`` that returns ``root_rank``'s ``obj`` on every rank (Horovod's
+    name; see :func:`broadcast_object`)."""
+    def fn(obj):
+        return broadcast_object(obj, root_rank, session, name, process_set)
+    return fn
 
 
 def allgather_object(obj, session=None, name=None, process_set=_core.global_process_set):

@@ -24,6 +24,11 @@ def overlap_enabled() -> bool:
     return _runtime.state("overlapping gradient reduction").settings.overlap
 
 
+def variable_key(v: Any) -> Any:
+    """A hashable identity for a TF variable (``ref()``) or a Keras 3 variable (its id)."""
+    return v.ref() if hasattr(v, "ref") else id(v)
+
+
 def allreduce_gradients(tensors: List[Any], name: Optional[str],
                         process_set: _core.ProcessSet, variables: Optional[List[Any]] = None,
                         op: Any = Average, prescale_factor: float = 1.0,
@@ -95,7 +100,8 @@ class GradientReducer:
 
     def __init__(self, compression=Compression.none, sparse_as_dense=False, op=Average,
                  gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                 process_set=_core.global_process_set, name=None, owner="DistributedOptimizer"):
+                 process_set=_core.global_process_set, name=None, owner="DistributedOptimizer",
+                 scale_local_gradients=True):
         op = ReduceOp(op)
         if op not in (Average, Sum):
             raise ValueError(f"hvdlike.tensorflow.{owner}: op must be hvdlike.Average or "
@@ -103,6 +109,11 @@ class GradientReducer:
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError(f"hvdlike.tensorflow.{owner}: gradient_predivide_factor is only "
                              "supported with op=Average.")
+        if isinstance(groups, int) and not isinstance(groups, bool):  # Horovod: a group count
+            if num_groups:
+                raise ValueError(f"hvdlike.tensorflow.{owner}: pass num_groups or groups, "
+                                 "not both.")
+            num_groups, groups = groups, None
         if num_groups and groups is not None:
             raise ValueError(f"hvdlike.tensorflow.{owner}: pass num_groups or groups, not both.")
         if num_groups < 0:
@@ -121,6 +132,21 @@ class GradientReducer:
         self.process_set = process_set
         self.name = name
         self.owner = owner
+        self.scale_local_gradients = bool(scale_local_gradients)
+        self.local = set()  # refs of variables whose gradients stay local
+
+    def register_local(self, variable):
+        """Leave ``variable``'s gradient unreduced (divided by the set size when
+        ``scale_local_gradients``, as Horovod does)."""
+        self.local.add(variable_key(variable))
+
+    def _local_gradient(self, g):
+        if g is None or not self.scale_local_gradients:
+            return g
+        n = self.process_set.size()
+        if isinstance(g, tf.IndexedSlices):
+            return tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+        return g / n
 
     def _scales(self):
         f = self.gradient_predivide_factor
@@ -134,12 +160,10 @@ class GradientReducer:
             ref_to_group = {}
             for gi, group in enumerate(self.groups):
                 for v in group:
-                    ref_to_group[v.ref() if hasattr(v, "ref") else id(v)] = gi
+                    ref_to_group[variable_key(v)] = gi
             parts = [[] for _ in range(len(self.groups) + 1)]
             for i in idx:
-                v = variables[i]
-                key = v.ref() if hasattr(v, "ref") else id(v)
-                parts[ref_to_group.get(key, len(self.groups))].append(i)
+                parts[ref_to_group.get(variable_key(variables[i]), len(self.groups))].append(i)
             return [p for p in parts if p]
         if self.num_groups > 1 and len(idx) > 1:
             n = min(self.num_groups, len(idx))
@@ -173,7 +197,23 @@ class GradientReducer:
         return out
 
     def reduce(self, grads, variables=None):
-        """Return the reduced gradients (same structure, ``None`` kept)."""
+        """Return the reduced gradients (same structure, ``None`` kept); the gradients of
+        registered local variables are not reduced."""
+        grads = list(grads)
+        if self.local and variables is not None:
+            local = {i for i, v in enumerate(variables) if variable_key(v) in self.local}
+            if local:
+                shared = [i for i in range(len(grads)) if i not in local]
+                out = [self._local_gradient(g) if i in local else None
+                       for i, g in enumerate(grads)]
+                reduced = self._reduce([grads[i] for i in shared],
+                                       [variables[i] for i in shared])
+                for i, g in zip(shared, reduced):
+                    out[i] = g
+                return out
+        return self._reduce(grads, variables)
+
+    def _reduce(self, grads, variables=None):
         grads = list(grads)
         if self.process_set.size() == 1:
             return self._reduce_single_rank(grads)

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdlike as _core
+from hvdlike import process_sets as _process_sets
 from hvdlike import timeline as _timeline
 from hvdlike import Average, Sum, Min, Max, Product, ReduceOp, global_process_set  # noqa: F401
 
@@ -607,14 +608,29 @@ def _int_op(value, name):
     return tf.constant(value, dtype=tf.int32, name=name)
 
 
+def _process_set(process_set_id, what):
+    ps = _process_sets._registry.get(process_set_id)
+    if ps is None:
+        raise ValueError(f"hvdlike.tensorflow.{what}: no process set has id {process_set_id}; "
+                         f"registered ids: {sorted(_process_sets._registry)}")
+    return ps
+
+
 def rank_op(process_set_id=0, name=None):
-    """This process's rank as an int32 scalar tensor."""
-    return _int_op(_core.rank(), name)
+    """This process's rank in the process set (default: the world; -1 outside the set) as an
+    int32 scalar tensor."""
+    return _int_op(_process_set(process_set_id, "rank_op").rank(), name)
 
 
 def size_op(process_set_id=0, name=None):
-    """Number of ranks as an int32 scalar tensor."""
-    return _int_op(_core.size(), name)
+    """Number of ranks in the process set (default: the world) as an int32 scalar tensor."""
+    return _int_op(_process_set(process_set_id, "size_op").size(), name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """1 if this process belongs to the process set, else 0, as an int32 scalar tensor."""
+    return _int_op(int(_process_set(process_set_id, "process_set_included_op").included()),
+                   name)
 
 
 def local_rank_op(name=None):

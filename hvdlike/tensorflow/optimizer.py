@@ -44,7 +44,8 @@ class _DistributedMixin:
                                   op=op, gradient_predivide_factor=gradient_predivide_factor,
                                   num_groups=num_groups, groups=groups,
                                   process_set=process_set, name=name,
-                                  owner="DistributedOptimizer")
+                                  owner="DistributedOptimizer",
+                                  scale_local_gradients=scale_local_gradients)
         object.__setattr__(self, "_hvd_reducer", reducer)
         object.__setattr__(self, "_hvd_bpps", int(backward_passes_per_step))
         object.__setattr__(self, "_hvd_average_aggregated", bool(average_aggregated_gradients))
@@ -58,6 +59,11 @@ class _DistributedMixin:
 
     def _hvd_reduce(self, grads, variables):
         return self._hvd_reducer.reduce(grads, variables)
+
+    def register_local_var(self, var):
+        """Keep ``var``'s gradient local: not reduced over ranks (divided by the set size
+        when ``scale_local_gradients``), as Horovod's ``register_local_var``."""
+        self._hvd_reducer.register_local(var)
 
     def _hvd_accumulators(self, variables, grads):
         st = self._hvd_acc
@@ -181,7 +187,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=_core.global_process_set, scale_local_gradients=True):
+                         process_set=_core.global_process_set, scale_local_gradients=True,
+                         use_locking=False):
     """Wrap a Keras optimizer so that every step applies gradients reduced over ranks.
 
     Every rank wraps an optimizer of the same class and config with the same settings.
@@ -195,8 +202,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     ``LossScaleOptimizer`` may sit inside (``DistributedOptimizer(LossScaleOptimizer(opt))``)
     or outside (``LossScaleOptimizer(DistributedOptimizer(opt))``, which is also what
     ``model.compile`` builds under a ``mixed_float16`` policy); either way every rank makes
-    the same skip-or-apply decision.  ``device_*`` and ``scale_local_gradients`` are
-    accepted for Horovod compatibility and ignored.
+    the same skip-or-apply decision.  ``groups`` may also be a number of groups, as in
+    Horovod.  ``optimizer.register_local_var(v)`` keeps ``v``'s gradient local (divided by
+    the set size when ``scale_local_gradients``).  ``use_locking`` (TF1 optimizers) and
+    ``device_*`` are accepted for Horovod compatibility and have no effect.
     """
     _check_optimizer(optimizer)
     if getattr(optimizer, "built", False) and getattr(optimizer, "variables", None):
@@ -265,3 +274,25 @@ def distributed_optimizer_classes(custom_optimizers=None, **settings):
     for obj in custom_optimizers or []:
         found[obj.__name__] = obj
     return {n: _distributed_class(c, settings) for n, c in found.items()}
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=_core.global_process_set,
+                                local_layers=None, scale_local_gradients=True,
+                                use_locking=False):
+    """``DistributedOptimizer`` whose ``local_layers``' gradients stay local (not reduced;
+    divided by the set size when ``scale_local_gradients``), as Horovod's."""
+    from hvdlike.tensorflow.tape import _layer_variables
+
+    local = _layer_variables(local_layers, "PartialDistributedOptimizer")
+    opt = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                               sparse_as_dense, gradient_predivide_factor, op,
+                               backward_passes_per_step, average_aggregated_gradients,
+                               groups=groups, process_set=process_set,
+                               scale_local_gradients=scale_local_gradients)
+    for v in local:
+        opt.register_local_var(v)
+    return opt

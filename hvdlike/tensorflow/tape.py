@@ -4,6 +4,7 @@ import tensorflow as tf
 import hvdlike as _core
 from hvdlike import Average
 
+from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import GradientReducer
 
@@ -14,6 +15,11 @@ class _DistributedGradientTape(tf.GradientTape):
     def __init__(self, tape, reducer):  # noqa: D401 - state is copied, not re-created
         self.__dict__.update(tape.__dict__)
         self._hvd_reducer = reducer
+
+    def register_local_source(self, source):
+        """Keep ``source``'s gradient local: not reduced over ranks (divided by the set size
+        when ``scale_local_gradients``), as Horovod's ``register_local_source``."""
+        self._hvd_reducer.register_local(source)
 
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
@@ -45,5 +51,33 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     reducer = GradientReducer(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                               gradient_predivide_factor=gradient_predivide_factor,
                               num_groups=num_groups, groups=groups, process_set=process_set,
-                              owner="DistributedGradientTape")
+                              owner="DistributedGradientTape",
+                              scale_local_gradients=scale_local_gradients)
     return _DistributedGradientTape(gradtape, reducer)
+
+
+def _layer_variables(local_layers, owner):
+    layer_class = compat.keras().layers.Layer
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, layer_class):
+        local_layers = [local_layers]
+    if not all(isinstance(layer, layer_class) for layer in local_layers):
+        raise ValueError(f"hvdlike.tensorflow.{owner}: local_layers must be Keras layers.")
+    return [v for layer in local_layers for v in layer.trainable_weights]
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=_core.global_process_set,
+                                   local_layers=None, scale_local_gradients=True):
+    """``DistributedGradientTape`` whose ``local_layers``' gradients stay local (not reduced;
+    divided by the set size when ``scale_local_gradients``), as Horovod's."""
+    local = _layer_variables(local_layers, "PartialDistributedGradientTape")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for v in local:
+        tape.register_local_source(v)
+    return tape

@@ -150,3 +150,28 @@ def settings_differ_between_ranks() -> Dict[str, Any]:
     del os.environ["HVDLIKE_FUSION_THRESHOLD"]
     hvd.init()
     return dict(error=error, sum=hvd.allreduce(np.ones(1), op=hvd.Sum).tolist())
+
+
+def failed_init_leaves_nothing_behind() -> Dict[str, Any]:
+    """init() that fails half-way (a process set naming a rank that does not exist, node
+    names of the wrong length) leaves no runtime: a later init() really starts again."""
+    import os
+
+    hvd.shutdown()
+    out: Dict[str, Any] = {}
+    try:
+        hvd.init(process_sets=[hvd.ProcessSet([0, 7])])
+    except ValueError as exc:
+        out["bad set"] = str(exc)
+    out["initialized after bad set"] = hvd.is_initialized()
+    os.environ["HVDLIKE_NODE_NAMES"] = "a"
+    try:
+        hvd.init()
+    except ValueError as exc:
+        out["bad names"] = str(exc).split(":")[0]
+    del os.environ["HVDLIKE_NODE_NAMES"]
+    out["initialized after bad names"] = hvd.is_initialized()
+    hvd.init(process_sets=[hvd.ProcessSet([0])])
+    out["sum"] = hvd.allreduce(np.ones(1), op=hvd.Sum).tolist()
+    out["sets"] = len(hvd.process_sets._registry)
+    return out

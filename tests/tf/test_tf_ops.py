@@ -25,6 +25,7 @@ CHECKS = [
     "named_collectives_built_in_rank_dependent_order_in_tf_function",
     "horovod_gradient_cases_eager_function_and_v1_graph",
     "horovod_prescale_postscale_and_dtypes",
+    "horovod_port_names",
 ]
 
 WORLDS = {"np1_without_mpirun": (1, False), "np2": (2, True), "np4": (4, True)}

@@ -6,7 +6,10 @@ from hvdlike.tensorflow import (  # noqa: F401
     Compression, allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast,
     alltoall, reducescatter, grouped_reducescatter, join, barrier, DistributedOptimizer,
     DistributedGradientTape, broadcast_variables, broadcast_global_variables,
-    broadcast_object, allgather_object, shard_dataset,
+    broadcast_object, allgather_object, shard_dataset, broadcast_, broadcast_object_fn,
+    mpi_enabled, mpi_built, mpi_threads_supported, gloo_enabled, gloo_built, nccl_built,
+    cuda_built, rocm_built, ccl_built, ddl_built, is_homogeneous, start_timeline,
+    stop_timeline, pin_gpu, PartialDistributedOptimizer, PartialDistributedGradientTape,
 )
 from hvdlike.tensorflow.keras import callbacks  # noqa: F401
 from hvdlike.tensorflow.keras.saving import load_model  # noqa: F401

@@ -5,6 +5,7 @@ import hvdlike as _core
 
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.functions import broadcast_variables
+from hvdlike.tensorflow.gradients import variable_key
 
 _keras = compat.keras()
 
@@ -25,20 +26,25 @@ class BroadcastGlobalVariablesCallback(_keras.callbacks.Callback):
     creates its variables only during the first step, they are broadcast again after
     that step.  A model that is not built yet (a ``Sequential`` without an input shape,
     built by its first batch) is broadcast right after that first batch, as Horovod does.
-    Every rank must use this callback.
+    ``local_variables`` are left out.  Every rank must use this callback.
     """
 
-    def __init__(self, root_rank=0, device="", process_set=_core.global_process_set):
+    def __init__(self, root_rank=0, device="", local_variables=None,
+                 process_set=_core.global_process_set):
         super().__init__()
         self.root_rank = root_rank
         self.process_set = process_set
+        # variables every rank keeps its own value of (e.g. a PartialDistributedOptimizer's
+        # local layers): not broadcast
+        self._local = {variable_key(v) for v in (local_variables or [])}
         self._opt_count = None
         self._after_first_batch = False
 
     def _broadcast(self):
         opt_vars = _optimizer_variables(getattr(self.model, "optimizer", None))
-        broadcast_variables(list(self.model.variables) + opt_vars, self.root_rank,
-                            process_set=self.process_set)
+        variables = [v for v in list(self.model.variables) + opt_vars
+                     if variable_key(v) not in self._local]
+        broadcast_variables(variables, self.root_rank, process_set=self.process_set)
         return len(opt_vars)
 
     def on_train_begin(self, logs=None):

@@ -5,7 +5,7 @@ from hvdlike.tensorflow.optimizer import distributed_optimizer_classes
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none, **optimizer_kwargs):
+               compression=Compression.none, legacy_opts=False, **optimizer_kwargs):
     """Load a model saved with ``model.save`` and wrap its optimizer (state restored).
 
     The optimizer comes back as a DistributedOptimizer of the same class, config and
@@ -13,7 +13,9 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     (subclasses of the Keras optimizer), ``custom_objects``: passed to Keras.
     ``optimizer_kwargs``: other DistributedOptimizer settings (e.g. op,
     backward_passes_per_step).  Every rank may load the same file; follow with
-    BroadcastGlobalVariablesCallback (or broadcast_variables) to be safe.
+    BroadcastGlobalVariablesCallback (or broadcast_variables) to be safe.  ``legacy_opts``
+    (Horovod: use ``tf.keras.optimizers.legacy``) is accepted; the optimizer classes are
+    those of the running Keras either way.
     """
     objs = distributed_optimizer_classes(custom_optimizers, compression=compression,
                                          **optimizer_kwargs)

@@ -477,4 +477,77 @@ def _():
             summed = hvd.allreduce(tf.cast(tf.ones([4]) * (r + 1), dtype), op=hvd.Sum)
             assert tf.cast(summed, tf.int64).numpy().tolist() == [n * (n + 1) // 2] * 4, dtype
 
+
+@check("horovod_port_names")
+def _():
+    """Names a Horovod port uses: *_built, process-set ops, broadcast_, broadcast_object_fn,
+    groups=<int>, register_local_source / PartialDistributedGradientTape /
+    PartialDistributedOptimizer (local layers), BroadcastGlobalVariablesCallback's
+    local_variables, DistributedOptimizer's use_locking."""
+    import hvdlike.tensorflow.keras as hvdk
+    from hvdlike.tensorflow import compat
+    keras = compat.keras()
+    assert not hvd.ccl_built() and not hvd.ddl_built() and not hvd.rocm_built()
+    single = hvd.add_process_set([0]) if n > 1 else hvd.global_process_set
+    assert int(hvd.size_op(process_set_id=single.process_set_id)) == 1
+    assert int(hvd.process_set_included_op(process_set_id=single.process_set_id)) == int(r == 0)
+    assert int(hvd.rank_op(process_set_id=single.process_set_id)) == (0 if r == 0 else -1)
+    assert int(hvd.size_op()) == n and int(hvd.process_set_included_op()) == 1
+    if n > 1:
+        hvd.remove_process_set(single)
+    try:
+        hvd.size_op(process_set_id=99)
+        raise AssertionError("an unknown process set id must raise")
+    except ValueError as e:
+        assert "no process set has id 99" in str(e)
+
+    v = [tf.Variable(np.full(3, r, np.float32)), tf.Variable([r], dtype=tf.int64)]
+    out = hvd.broadcast_(v, root_rank=n - 1)
+    assert out[0] is v[0] and v[0].numpy().tolist() == [n - 1] * 3 and int(v[1][0]) == n - 1
+    assert hvd.broadcast_object_fn(root_rank=0)({"r": r}) == {"r": 0}
+
+    # local layers: their gradients are this rank's own, divided by the size (Horovod's rule)
+    keras.utils.set_random_seed(1)
+    shared, local = keras.layers.Dense(2), keras.layers.Dense(1)
+    x = tf.constant(np.full((4, 3), r + 1, np.float32))
+
+    def loss_fn():
+        return tf.reduce_sum(local(shared(x)) ** 2)
+
+    loss_fn()
+    variables = shared.trainable_weights + local.trainable_weights
+    with tf.GradientTape() as plain:
+        loss = loss_fn()
+    own = plain.gradient(loss, variables)
+    with tf.GradientTape() as tape:
+        loss = loss_fn()
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=local, groups=2)
+    got = tape.gradient(loss, variables)
+    mean = [hvd.allgather(tf.expand_dims(g, 0)).numpy().mean(axis=0) for g in own]
+    for g, m in zip(got[:2], mean[:2]):
+        assert_close(g, m, rtol=1e-5)
+    for g, o in zip(got[2:], own[2:]):
+        assert_close(g, o.numpy() / n, rtol=1e-6)
+
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=[local])
+    before = [w.numpy() for w in variables]
+    opt.apply_gradients(zip(own, variables))
+    for w, b, g, m in zip(variables[:2], before[:2], own[:2], mean[:2]):
+        assert_close(w, b - m, rtol=1e-5)
+    for w, b, g in zip(variables[2:], before[2:], own[2:]):
+        assert_close(w, b - g.numpy() / n, rtol=1e-5)
+    hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), use_locking=True, groups=2)
+
+    # BroadcastGlobalVariablesCallback leaves local_variables alone
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    for w in model.weights:
+        w.assign(tf.fill(w.shape, float(r)))
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    keep = model.layers[1].trainable_weights
+    model.fit(np.zeros((2, 3), np.float32), np.zeros((2, 1), np.float32), epochs=1, verbose=0,
+              callbacks=[hvdk.callbacks.BroadcastGlobalVariablesCallback(
+                  0, local_variables=keep)])
+    assert float(model.layers[0].kernel[0, 0]) == 0.0
+    assert float(model.layers[1].kernel[0, 0]) == float(r)
+
 close()

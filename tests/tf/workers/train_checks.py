@@ -288,7 +288,7 @@ def _():
     ck.on_epoch_end(0, {"loss": 1.0})  # writes on rank 0 only
     hvd.barrier()
     assert os.path.exists(path)
-    loaded = hvdk.load_model(path)
+    loaded = hvdk.load_model(path, legacy_opts=False)  # Horovod's keyword is accepted
     from hvdlike.tensorflow.optimizer import is_distributed_optimizer
     assert is_distributed_optimizer(loaded.optimizer), type(loaded.optimizer).__mro__
     assert isinstance(loaded.optimizer, keras.optimizers.Adam)
