@@ -25,6 +25,7 @@ from hvdlike.tensorflow.functions import (  # noqa: F401
     broadcast_, broadcast_object_fn,
 )
 from hvdlike.tensorflow.data import shard_dataset  # noqa: F401
+from hvdlike.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from hvdlike.tensorflow.tf_config_emulation import tf_config, export_tf_config  # noqa: F401
 from hvdlike.tensorflow.strategy import MPIStrategy, MPICrossDeviceOps  # noqa: F401
 

@@ -70,6 +70,7 @@ def test_horovod_style_custom_loop_script_runs_with_only_import_changed():
     "metric_average_callback_averages_epoch_logs",
     "load_model_restores_wrapped_optimizer_with_state",
     "bad_inputs_give_clear_errors",
+    "sync_batch_norm_equals_one_process_on_the_global_batch",
 ])
 def test_tf_keras_legacy_training_check_passes_on_every_rank(check):
     res = run_script_once(2, "train_checks.py", timeout=300, env={"TF_USE_LEGACY_KERAS": "1"})

@@ -25,6 +25,7 @@ CHECKS = [
     "embedding_indexed_slices_gradients_match_reference",
     "mixed_precision_loss_scale_inside_outside_and_compile_wrapped",
     "shard_dataset_data_and_file_policies",
+    "sync_batch_norm_equals_one_process_on_the_global_batch",
 ]
 
 # np2_shm: every gradient all-reduce takes the shared-memory transport (threshold 0);

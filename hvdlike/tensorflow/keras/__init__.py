@@ -10,6 +10,7 @@ from hvdlike.tensorflow import (  # noqa: F401
     mpi_enabled, mpi_built, mpi_threads_supported, gloo_enabled, gloo_built, nccl_built,
     cuda_built, rocm_built, ccl_built, ddl_built, is_homogeneous, start_timeline,
     stop_timeline, pin_gpu, PartialDistributedOptimizer, PartialDistributedGradientTape,
+    SyncBatchNormalization,
 )
 from hvdlike.tensorflow.keras import callbacks  # noqa: F401
 from hvdlike.tensorflow.keras.saving import load_model  # noqa: F401

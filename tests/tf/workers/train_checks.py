@@ -425,4 +425,34 @@ def _():
         raise AssertionError("FILE policy accepted a non-file dataset")
 
 
+
+@check("sync_batch_norm_equals_one_process_on_the_global_batch")
+def _():
+    """hvd.SyncBatchNormalization on each rank's rows (ranks have different batch sizes) gives
+    what one BatchNormalization gives on all rows together: outputs, moving statistics, and
+    the gradients of the summed loss; Horovod's name, in either Keras flavour."""
+    rows = [3 + q for q in range(n)]  # uneven batches
+    start = sum(rows[:r])
+    full = np.random.RandomState(7).normal(2.0, 3.0, (sum(rows), 5)).astype(np.float32)
+    mine = full[start:start + rows[r]]
+    sync = hvd.SyncBatchNormalization(momentum=0.5)
+    plain = keras.layers.BatchNormalization(momentum=0.5)
+    x, xf = tf.constant(mine), tf.constant(full)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = sync(x, training=True)
+        loss = tf.reduce_sum(y * tf.range(1.0, 6.0))
+    with tf.GradientTape() as ref_tape:
+        ref_tape.watch(xf)
+        yf = plain(xf, training=True)
+        ref_loss = tf.reduce_sum(yf * tf.range(1.0, 6.0))
+    assert_close(y, yf.numpy()[start:start + rows[r]], rtol=1e-4, atol=1e-5)
+    assert_close(sync.moving_mean, plain.moving_mean, rtol=1e-5, atol=1e-6)
+    assert_close(sync.moving_variance, plain.moving_variance, rtol=1e-4, atol=1e-6)
+    # the loss of the whole job is the sum of every rank's loss: its gradient for this rank's
+    # rows equals the single process's gradient of the loss on every row
+    assert_close(tape.gradient(loss, x), ref_tape.gradient(ref_loss, xf).numpy()[start:start
+                 + rows[r]], rtol=1e-3, atol=1e-4)
+    assert_close(sync(x, training=False), plain(tf.constant(mine), training=False), rtol=1e-5)
+
 close()
