@@ -1,7 +1,9 @@
 """Every collective x dtype x op equals its NumPy reference on every rank: np=2, np=4
 (oversubscribed) and a process set of 2 out of 4 ranks, each over MPI and over the on-node
 shared-memory transport (threshold 0 so every blocking all-reduce takes it; a 64-byte buffer
-so that most take several rounds); and the same under MPICH (HVDLIKE_TEST_MPICH_PREFIX)."""
+so that most take several rounds); with the MPI transport's per-call limit lowered to 5
+elements (the path of messages past 2 GiB); and the same under MPICH
+(HVDLIKE_TEST_MPICH_PREFIX)."""
 import numpy as np
 import pytest
 
@@ -17,6 +19,8 @@ CONFIGS = {
     "np2-shm": (2, None, SHM), "np4-shm-rounds": (4, None, SHM_ROUNDS),
     "np4-set12-shm-rounds": (4, [1, 2], SHM_ROUNDS),
     "mpich-np2": (2, None, MPI_ONLY), "mpich-np4-shm-rounds": (4, None, SHM_ROUNDS),
+    # the MPI transport's per-call limit lowered: the path of messages past 2 GiB
+    "np2-pieces": (2, None, MPI_ONLY), "np4-set12-pieces": (4, [1, 2], MPI_ONLY),
 }
 CASES = cases()
 
@@ -25,8 +29,9 @@ CASES = cases()
 def job(request):
     np_, ranks, env = CONFIGS[request.param]
     prefix = mpich_prefix() if request.param.startswith("mpich") else None
-    results = run_mpi(np_, "collective_cases:run", timeout=240, env=env, mpi_prefix=prefix,
-                      ranks=ranks)
+    target = "collective_cases:run_in_pieces" if request.param.endswith("pieces") \
+        else "collective_cases:run"
+    results = run_mpi(np_, target, timeout=240, env=env, mpi_prefix=prefix, ranks=ranks)
     members = ranks or list(range(np_))
     for r in range(np_):
         assert (results[r] is None) == (r not in members), f"rank {r} membership"

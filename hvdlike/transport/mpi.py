@@ -6,7 +6,7 @@ Reductions take typed buffers; data movement works on uint8 views so any dtype t
 Importing this module initializes MPI, so only ``runtime.init`` imports it.
 """
 import os
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -38,9 +38,31 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
     return displs
 
 
+# MPI counts and displacements are C ints. Messages with a count or offset past this many
+# elements (bytes for data movement) go in pieces of at most this size instead (blocking):
+# one tensor of any size works, whatever large-count support the MPI library has.
+MAX_COUNT = 1 << 30
+
+
+def _large(*counts: Any) -> bool:
+    return any(int(np.sum(c)) > MAX_COUNT for c in counts)
+
+
+def _pieces(n: int) -> range:
+    return range(0, n, MAX_COUNT)
+
+
 def allreduce(comm: MPI.Comm, send: Optional[np.ndarray], recv: np.ndarray, op: ReduceOp,
               blocking: bool) -> Optional[Request]:
     """Reduce ``send`` (or ``recv`` in place when send is None) into ``recv`` on every rank."""
+    if _large(recv.size):
+        flat_recv = recv.reshape(-1)
+        flat_send = None if send is None else send.reshape(-1)
+        for at in _pieces(recv.size):
+            part = slice(at, at + MAX_COUNT)
+            allreduce(comm, None if flat_send is None else flat_send[part], flat_recv[part], op,
+                      True)
+        return None
     sendbuf = MPI.IN_PLACE if send is None else send
     if blocking:
         comm.Allreduce(sendbuf, recv, _MPI_OPS[op])
@@ -51,7 +73,14 @@ def allreduce(comm: MPI.Comm, send: Optional[np.ndarray], recv: np.ndarray, op: 
 def allgatherv(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: np.ndarray,
                blocking: bool) -> Optional[Request]:
     """Gather byte buffers of ``counts[r]`` bytes from each rank r into ``recv`` in rank order."""
-    spec = [recv, (counts, _displacements(counts)), MPI.BYTE]
+    displs = _displacements(counts)
+    if _large(counts):  # each rank's block, broadcast by that rank in pieces
+        start = int(displs[comm.Get_rank()])
+        recv[start:start + send.size] = send
+        for r, (at, n) in enumerate(zip(displs.tolist(), counts.tolist())):
+            bcast(comm, recv[at:at + n], r, True)
+        return None
+    spec = [recv, (counts, displs), MPI.BYTE]
     if blocking:
         comm.Allgatherv([send, MPI.BYTE], spec)
         return None
@@ -60,6 +89,10 @@ def allgatherv(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: np.nd
 
 def bcast(comm: MPI.Comm, buf: np.ndarray, root: int, blocking: bool) -> Optional[Request]:
     """Copy the root's byte buffer into ``buf`` on every rank."""
+    if _large(buf.size):
+        for at in _pieces(buf.size):
+            comm.Bcast([buf[at:at + MAX_COUNT], MPI.BYTE], root=root)
+        return None
     if blocking:
         comm.Bcast([buf, MPI.BYTE], root=root)
         return None
@@ -69,8 +102,23 @@ def bcast(comm: MPI.Comm, buf: np.ndarray, root: int, blocking: bool) -> Optiona
 def alltoallv(comm: MPI.Comm, send: np.ndarray, send_counts: np.ndarray, recv: np.ndarray,
               recv_counts: np.ndarray, blocking: bool) -> Optional[Request]:
     """Send ``send_counts[r]`` bytes to each rank r and receive ``recv_counts[r]`` from it."""
-    sspec = [send, (send_counts, _displacements(send_counts)), MPI.BYTE]
-    rspec = [recv, (recv_counts, _displacements(recv_counts)), MPI.BYTE]
+    sdispls, rdispls = _displacements(send_counts), _displacements(recv_counts)
+    # ranks send and receive different amounts: they decide together
+    if comm.allreduce(_large(send_counts, recv_counts), op=MPI.LOR):  # point to point, pieces
+        requests = []
+        for peer in range(comm.Get_size()):
+            for at in _pieces(int(recv_counts[peer])):
+                start = int(rdispls[peer]) + at
+                n = min(MAX_COUNT, int(recv_counts[peer]) - at)
+                requests.append(comm.Irecv([recv[start:start + n], MPI.BYTE], peer, tag=7))
+            for at in _pieces(int(send_counts[peer])):
+                start = int(sdispls[peer]) + at
+                n = min(MAX_COUNT, int(send_counts[peer]) - at)
+                requests.append(comm.Isend([send[start:start + n], MPI.BYTE], peer, tag=7))
+        MPI.Request.Waitall(requests)
+        return None
+    sspec = [send, (send_counts, sdispls), MPI.BYTE]
+    rspec = [recv, (recv_counts, rdispls), MPI.BYTE]
     if blocking:
         comm.Alltoallv(sspec, rspec)
         return None
@@ -80,6 +128,15 @@ def alltoallv(comm: MPI.Comm, send: np.ndarray, send_counts: np.ndarray, recv: n
 def reduce_scatter(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: np.ndarray,
                    op: ReduceOp, blocking: bool) -> Optional[Request]:
     """Reduce ``send`` over ranks; rank r receives the r-th block of ``counts[r]`` elements."""
+    if _large(counts):  # each block reduced to its rank, in pieces
+        me = comm.Get_rank()
+        for r, (at, n) in enumerate(zip(_displacements(counts).tolist(), counts.tolist())):
+            for piece in _pieces(n):
+                m = min(MAX_COUNT, n - piece)
+                block = send[at + piece:at + piece + m]
+                comm.Reduce(block, recv[piece:piece + m] if r == me else None, _MPI_OPS[op],
+                            root=r)
+        return None
     if blocking:
         comm.Reduce_scatter(send, recv, counts, _MPI_OPS[op])
         return None

@@ -141,3 +141,13 @@ def run(ranks: Optional[List[int]] = None) -> Optional[Dict[str, Any]]:
     if not process_set.included():
         return None
     return {case.id: run_case(case, process_set) for case in cases()}
+
+
+def run_in_pieces(ranks: Optional[List[int]] = None) -> Optional[Dict[str, Any]]:
+    """``run`` with the MPI transport's per-call limit lowered to 5 elements, so that every
+    collective takes the path that messages past 2 GiB take (pieces, per-rank broadcasts,
+    point-to-point, per-block reductions)."""
+    from hvdlike.transport import mpi as transport
+
+    transport.MAX_COUNT = 5
+    return run(ranks)
