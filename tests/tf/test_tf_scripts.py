@@ -109,3 +109,14 @@ def test_compare_tf_distribute_writes_table_json_and_png(tmp_path):
     assert [r["bytes"] for r in data["allreduce"]["rows"]] == [1024, 1 << 20]
     assert all(r["strategy_over_native"] > 0 for r in data["allreduce"]["rows"])
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_a_rank_killed_while_writing_a_checkpoint_leaves_the_previous_one_intact(tmp_path):
+    path = tmp_path / "ckpt.weights.h5"
+    res = run_script(2, "checkpoint_kill.py", path, timeout=240)
+    assert res.returncode != 0, res.output[-3000:]  # rank 0 died writing the 2nd checkpoint
+    saved = re.search(r"^SAVED_SUM (\S+)", res.output, re.M)
+    assert saved, res.output[-3000:]
+    check = run_script(1, "checkpoint_kill.py", path, "--verify", timeout=240, mpi=False)
+    assert check.returncode == 0, check.output[-3000:]
+    assert re.search(r"^LOADED_SUM (\S+)", check.output, re.M).group(1) == saved.group(1)

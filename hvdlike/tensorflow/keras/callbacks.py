@@ -1,4 +1,9 @@
 """Keras callbacks for hvdlike (names and behaviour follow horovod.keras.callbacks)."""
+import contextlib
+import os
+import shutil
+from typing import Any, Iterator
+
 import numpy as np
 
 import hvdlike as _core
@@ -180,11 +185,50 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                       f"{self.initial_lr:.6g}.")
 
 
+def _replace(tmp: str, path: str) -> None:
+    """Put the finished ``tmp`` where ``path`` is: one atomic rename for a file; for a
+    directory (a SavedModel) the old one is moved aside first, so ``path`` always holds a
+    whole checkpoint or, for that moment, none."""
+    if os.path.isdir(tmp) and os.path.exists(path):
+        old = f"{tmp}.old"
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def atomic_saves(model: Any) -> Iterator[None]:
+    """Within the block, ``model.save`` and ``model.save_weights`` write to a temporary name
+    in the same directory (same ending, so Keras accepts the format) and rename it into place
+    when it is complete: a process killed while writing leaves the previous file intact."""
+    names = ("save", "save_weights")
+    for name in names:
+        original = getattr(model, name)
+
+        def atomic(filepath: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            path = os.fspath(filepath)
+            head, tail = os.path.split(path)
+            tmp = os.path.join(head, f".tmp{os.getpid()}.{tail}")
+            result = _original(tmp, *args, **kwargs)
+            _replace(tmp, path)
+            return result
+        object.__setattr__(model, name, atomic)
+    try:
+        yield
+    finally:
+        for name in names:
+            object.__delattr__(model, name)
+
+
 class ModelCheckpoint(_keras.callbacks.ModelCheckpoint):
-    """``keras.callbacks.ModelCheckpoint`` that writes only on rank 0.
+    """``keras.callbacks.ModelCheckpoint`` that writes only on rank 0, atomically.
 
     Every rank may use it (the others do nothing), so the same script runs on all
-    ranks.  Use it after MetricAverageCallback when monitoring a metric.
+    ranks.  Use it after MetricAverageCallback when monitoring a metric.  Each checkpoint is
+    written under a temporary name and renamed into place once complete, so a rank killed
+    while writing leaves the previous checkpoint intact.
     """
 
     def __init__(self, *args, root_rank=0, **kwargs):
@@ -193,15 +237,18 @@ class ModelCheckpoint(_keras.callbacks.ModelCheckpoint):
 
     def on_train_batch_end(self, batch, logs=None):
         if self._hvd_writer:
-            super().on_train_batch_end(batch, logs)
+            with atomic_saves(self.model):
+                super().on_train_batch_end(batch, logs)
 
     def on_epoch_end(self, epoch, logs=None):
         if self._hvd_writer:
-            super().on_epoch_end(epoch, logs)
+            with atomic_saves(self.model):
+                super().on_epoch_end(epoch, logs)
 
     def on_train_end(self, logs=None):
         if self._hvd_writer and hasattr(super(), "on_train_end"):
-            super().on_train_end(logs)
+            with atomic_saves(self.model):
+                super().on_train_end(logs)
 
 
 class BestModelCheckpoint(ModelCheckpoint):
