@@ -37,11 +37,12 @@ guides say more: [collectives](collectives.md), [GPU arrays](gpu.md),
 
 def public_names(module_name: str) -> List[str]:
     """The names a user reaches through ``module_name`` (lazy TensorFlow names included),
-    submodules excluded."""
+    submodules and what a module merely imports from elsewhere (typing, NumPy) excluded."""
     module = importlib.import_module(module_name)
     names = set(n for n in dir(module) if not n.startswith("_"))
     names |= set(getattr(module, "_TF_MODULE_OF", {}))
-    return sorted(n for n in names if not isinstance(getattr(module, n), types.ModuleType))
+    return sorted(n for n in names if not isinstance(getattr(module, n), types.ModuleType)
+                  and getattr(getattr(module, n), "__module__", "hvdlike").startswith("hvdlike"))
 
 
 def _signature(obj: Any) -> str:

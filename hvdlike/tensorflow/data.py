@@ -10,13 +10,15 @@ batch), exactly as a single process with batch ``b * size()`` would.  Sharding a
 already-batched dataset instead distributes whole batches (global batch still
 ``b * size()``, but different element-to-step assignment).
 """
+from typing import Any, Optional
 import tensorflow as tf
 
 import hvdlike as _core
 
 
-def shard_dataset(dataset, policy="DATA", num_shards=None, index=None,
-                  process_set=_core.global_process_set):
+def shard_dataset(dataset: Any, policy: str = "DATA", num_shards: Optional[int] = None,
+                  index: Optional[int] = None,
+                  process_set: _core.ProcessSet = _core.global_process_set) -> Any:
     """Return this rank's shard of ``dataset`` (``policy``: "DATA" or "FILE").
 
     Every rank passes the same dataset (same element order).  ``num_shards``/``index``

@@ -1,4 +1,5 @@
 """Broadcasting and gathering TensorFlow state and Python objects."""
+from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
@@ -32,8 +33,9 @@ def _fused_broadcast(root_rank, process_set):
     return submit
 
 
-def broadcast_variables(variables, root_rank, process_set=_core.global_process_set,
-                        inplace=False):
+def broadcast_variables(variables: Sequence[Any], root_rank: int,
+                        process_set: _core.ProcessSet = _core.global_process_set,
+                        inplace: bool = False) -> Any:
     """Assign ``root_rank``'s values to ``variables`` on every rank.
 
     Every rank passes the same list of variables (same order, dtypes and shapes),
@@ -58,7 +60,8 @@ def broadcast_variables(variables, root_rank, process_set=_core.global_process_s
     return tf.group(*[a for a in assigns if a is not None])
 
 
-def broadcast_(variables, root_rank, name=None, process_set=_core.global_process_set):
+def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = None,
+               process_set: _core.ProcessSet = _core.global_process_set) -> List[Any]:
     """Horovod's in-place broadcast: assign ``root_rank``'s values to ``variables`` (see
     :func:`broadcast_variables`) and return them."""
     variables = list(variables)
@@ -66,7 +69,7 @@ def broadcast_(variables, root_rank, name=None, process_set=_core.global_process
     return variables
 
 
-def broadcast_global_variables(root_rank):
+def broadcast_global_variables(root_rank: int) -> Any:
     """TF1 graph mode only: broadcast all ``tf.compat.v1`` global variables.
 
     In TF2 (eager or tf.function) there is no global-variables collection: use
@@ -106,8 +109,9 @@ def _plain(obj, session=None):
     return obj
 
 
-def broadcast_object(obj, root_rank=0, session=None, name=None,
-                     process_set=_core.global_process_set):
+def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
+                     name: Optional[str] = None,
+                     process_set: _core.ProcessSet = _core.global_process_set) -> Any:
     """Return ``root_rank``'s ``obj`` (any picklable value; TF tensors as NumPy) on every rank.
     In a tf.compat.v1 graph, tensors in ``obj`` are evaluated in ``session`` (default: the
     default session)."""
@@ -116,8 +120,9 @@ def broadcast_object(obj, root_rank=0, session=None, name=None,
     return _core.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)
 
 
-def broadcast_object_fn(root_rank=0, session=None, name=None,
-                        process_set=_core.global_process_set):
+def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[str] = None,
+                        process_set: _core.ProcessSet = _core.global_process_set
+                        ) -> Callable[[Any], Any]:
     """A function ``fn(obj)`` that returns ``root_rank``'s ``obj`` on every rank (Horovod's
     name; see :func:`broadcast_object`)."""
     def fn(obj):
@@ -125,7 +130,8 @@ def broadcast_object_fn(root_rank=0, session=None, name=None,
     return fn
 
 
-def allgather_object(obj, session=None, name=None, process_set=_core.global_process_set):
+def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
+                     process_set: _core.ProcessSet = _core.global_process_set) -> List[Any]:
     """Return ``[obj of rank 0, obj of rank 1, ...]`` on every rank (TF tensors as NumPy)."""
     return _core.allgather_object(_plain(obj, session), name=name, process_set=process_set)
 

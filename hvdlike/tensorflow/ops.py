@@ -15,6 +15,7 @@ graph, TensorFlow reports any error raised inside a Python function op as ``Unkn
 its message keeps ours, prefixed ``FailedPreconditionError``.
 """
 import itertools
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -23,6 +24,7 @@ import hvdlike as _core
 from hvdlike import process_sets as _process_sets
 from hvdlike import timeline as _timeline
 from hvdlike import Average, Sum, Min, Max, Product, ReduceOp, global_process_set  # noqa: F401
+from hvdlike import ProcessSet
 
 from hvdlike.tensorflow import compat, devices
 from hvdlike.tensorflow.compression import Compression
@@ -266,10 +268,12 @@ def _allreduce_sparse(slices, op, prescale_factor, postscale_factor, compression
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
-def allreduce(tensor, average=None, device_dense="", device_sparse="",
-              compression=Compression.none, op=None, prescale_factor=1.0,
-              postscale_factor=1.0, name=None, process_set=global_process_set,
-              ignore_name_scope=False, sparse_as_dense=False):
+def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "",
+              device_sparse: str = "", compression: Any = Compression.none,
+              op: Optional[Any] = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
+              sparse_as_dense: bool = False) -> Any:
     """Reduce ``tensor`` across the ranks of ``process_set``.
 
     Every rank passes a tensor of the same dtype and shape and the same ``op``
@@ -295,10 +299,12 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     return compression.decompress(out, ctx)
 
 
-def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
-                      compression=Compression.none, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, name=None, process_set=global_process_set,
-                      sparse_as_dense=False):
+def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
+                      device_dense: str = "", device_sparse: str = "",
+                      compression: Any = Compression.none, op: Optional[Any] = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      name: Optional[str] = None, process_set: ProcessSet = global_process_set,
+                      sparse_as_dense: bool = False) -> List[Any]:
     """Allreduce a list of tensors in one fused operation; returns a list.
 
     Same contract as :func:`allreduce`, element by element: every rank passes the
@@ -381,7 +387,9 @@ def _grouped_allgather_with_grad(tensors, name, process_set):
     return list(fwd(*tensors))
 
 
-def allgather(tensor, name=None, process_set=global_process_set, ignore_name_scope=False):
+def allgather(tensor: Any, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set,
+              ignore_name_scope: bool = False) -> tf.Tensor:
     """Concatenate ``tensor`` from every rank along axis 0 (in rank order).
 
     Every rank passes a tensor with the same dtype and the same shape except the
@@ -392,7 +400,8 @@ def allgather(tensor, name=None, process_set=global_process_set, ignore_name_sco
     return _grouped_allgather_with_grad([tensor], name, process_set)[0]
 
 
-def grouped_allgather(tensors, name=None, process_set=global_process_set):
+def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
+                      process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
     """Allgather a list of tensors in one call; returns a list (see :func:`allgather`)."""
     tensors = [_to_tensor(t, "grouped_allgather", name) for t in tensors]
     if not tensors:
@@ -409,8 +418,9 @@ def _broadcast_raw(tensor, root_rank, name, process_set):
     return _run("broadcast", submit, [tensor], [tensor.dtype], [tensor.shape])[0]
 
 
-def broadcast(tensor, root_rank, name=None, process_set=global_process_set,
-              ignore_name_scope=False):
+def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set,
+              ignore_name_scope: bool = False) -> tf.Tensor:
     """Return ``root_rank``'s value of ``tensor`` on every rank.
 
     Every rank passes a tensor of the same dtype and shape and the same root.  The
@@ -457,8 +467,9 @@ def _alltoall_raw(tensor, splits, name, process_set):
                 [out_shape, tf.TensorShape([n])])
 
 
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set,
-             ignore_name_scope=False):
+def alltoall(tensor: Any, splits: Optional[Any] = None, name: Optional[str] = None,
+             process_set: ProcessSet = global_process_set,
+             ignore_name_scope: bool = False) -> Union[tf.Tensor, Tuple[tf.Tensor, tf.Tensor]]:
     """Send rows ``splits[i]`` of ``tensor`` (axis 0) to rank i; receive from all.
 
     Without ``splits`` the first dimension must be divisible by the number of ranks
@@ -535,9 +546,11 @@ def _grouped_reducescatter_with_grad(tensors, op, prescale_factor, postscale_fac
     return list(fwd(*tensors))
 
 
-def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average,
-                  name=None, process_set=global_process_set, ignore_name_scope=False,
-                  prescale_factor=1.0, postscale_factor=1.0):
+def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,
+                  op: Any = Average, name: Optional[str] = None,
+                  process_set: ProcessSet = global_process_set,
+                  ignore_name_scope: bool = False, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> tf.Tensor:
     """Reduce ``tensor`` over ranks and give each rank one block of axis 0.
 
     Every rank passes the same dtype/shape/op.  With first dimension d0 and n ranks,
@@ -550,9 +563,12 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     return compression.decompress(out, ctx)
 
 
-def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
-                          name=None, process_set=global_process_set,
-                          prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
+                          compression: Any = Compression.none, op: Any = Average,
+                          name: Optional[str] = None,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[tf.Tensor]:
     """Reducescatter a list of tensors in one call (see :func:`reducescatter`)."""
     tensors = [_to_tensor(t, "grouped_reducescatter", name) for t in tensors]
     if not tensors:
@@ -566,7 +582,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
 
 # --------------------------------------------------------------------------- control
 
-def join():
+def join() -> tf.Tensor:
     """Signal that this rank has no more data; blocks until every rank has joined.
 
     Returns (as an int32 scalar tensor) the rank that joined last.  Until then, this
@@ -577,7 +593,7 @@ def join():
                 [tf.TensorShape([])])[0]
 
 
-def barrier(process_set=global_process_set):
+def barrier(process_set: ProcessSet = global_process_set) -> Any:
     """Block until every rank of ``process_set`` reaches the barrier."""
     def submit(_):
         _core.barrier(process_set=process_set)  # in the stateful op, as for join
@@ -616,28 +632,28 @@ def _process_set(process_set_id, what):
     return ps
 
 
-def rank_op(process_set_id=0, name=None):
+def rank_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     """This process's rank in the process set (default: the world; -1 outside the set) as an
     int32 scalar tensor."""
     return _int_op(_process_set(process_set_id, "rank_op").rank(), name)
 
 
-def size_op(process_set_id=0, name=None):
+def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     """Number of ranks in the process set (default: the world) as an int32 scalar tensor."""
     return _int_op(_process_set(process_set_id, "size_op").size(), name)
 
 
-def process_set_included_op(process_set_id=0, name=None):
+def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     """1 if this process belongs to the process set, else 0, as an int32 scalar tensor."""
     return _int_op(int(_process_set(process_set_id, "process_set_included_op").included()),
                    name)
 
 
-def local_rank_op(name=None):
+def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
     """This process's rank on its node as an int32 scalar tensor."""
     return _int_op(_core.local_rank(), name)
 
 
-def local_size_op(name=None):
+def local_size_op(name: Optional[str] = None) -> tf.Tensor:
     """Number of ranks on this node as an int32 scalar tensor."""
     return _int_op(_core.local_size(), name)

@@ -5,6 +5,7 @@ built from ``opt.get_config()``; the subclass reduces the gradients across ranks
 (one fused allreduce per step) before the wrapped class applies them, so clipping,
 weight decay, loss scaling and EMA all see the averaged gradient.
 """
+from typing import Any, Optional
 import tensorflow as tf
 
 import hvdlike as _core
@@ -183,12 +184,14 @@ def _check_optimizer(optimizer):
                          " wrap the original optimizer only once.")
 
 
-def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
-                         compression=Compression.none, sparse_as_dense=False,
-                         gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
-                         average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=_core.global_process_set, scale_local_gradients=True,
-                         use_locking=False):
+def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dense: str = "",
+                         device_sparse: str = "", compression: Any = Compression.none,
+                         sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                         op: Any = Average, backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Any = None,
+                         process_set: _core.ProcessSet = _core.global_process_set,
+                         scale_local_gradients: bool = True, use_locking: bool = False) -> Any:
     """Wrap a Keras optimizer so that every step applies gradients reduced over ranks.
 
     Every rank wraps an optimizer of the same class and config with the same settings.
@@ -276,13 +279,16 @@ def distributed_optimizer_classes(custom_optimizers=None, **settings):
     return {n: _distributed_class(c, settings) for n, c in found.items()}
 
 
-def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
-                                compression=Compression.none, sparse_as_dense=False,
-                                gradient_predivide_factor=1.0, op=Average,
-                                backward_passes_per_step=1, average_aggregated_gradients=False,
-                                groups=None, process_set=_core.global_process_set,
-                                local_layers=None, scale_local_gradients=True,
-                                use_locking=False):
+def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None,
+                                device_dense: str = "", device_sparse: str = "",
+                                compression: Any = Compression.none,
+                                sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0, op: Any = Average,
+                                backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False, groups: Any = None,
+                                process_set: _core.ProcessSet = _core.global_process_set,
+                                local_layers: Any = None, scale_local_gradients: bool = True,
+                                use_locking: bool = False) -> Any:
     """``DistributedOptimizer`` whose ``local_layers``' gradients stay local (not reduced;
     divided by the set size when ``scale_local_gradients``), as Horovod's."""
     from hvdlike.tensorflow.tape import _layer_variables

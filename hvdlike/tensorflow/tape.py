@@ -1,4 +1,5 @@
 """DistributedGradientTape: a tf.GradientTape whose gradient() averages across ranks."""
+from typing import Any
 import tensorflow as tf
 
 import hvdlike as _core
@@ -31,11 +32,13 @@ class _DistributedGradientTape(tf.GradientTape):
         return tf.nest.pack_sequence_as(grads, reduced)
 
 
-def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
-                            compression=Compression.none, sparse_as_dense=False,
-                            op=Average, gradient_predivide_factor=1.0, num_groups=0,
-                            groups=None, process_set=_core.global_process_set,
-                            scale_local_gradients=True):
+def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                            device_sparse: str = "", compression: Any = Compression.none,
+                            sparse_as_dense: bool = False, op: Any = Average,
+                            gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                            groups: Any = None,
+                            process_set: _core.ProcessSet = _core.global_process_set,
+                            scale_local_gradients: bool = True) -> tf.GradientTape:
     """Wrap a ``tf.GradientTape`` so that ``gradient()`` returns gradients reduced over ranks.
 
     Use it after recording (``tape = hvd.DistributedGradientTape(tape)``) or around a
@@ -67,11 +70,15 @@ def _layer_variables(local_layers, owner):
     return [v for layer in local_layers for v in layer.trainable_weights]
 
 
-def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
-                                   compression=Compression.none, sparse_as_dense=False,
-                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
-                                   groups=None, process_set=_core.global_process_set,
-                                   local_layers=None, scale_local_gradients=True):
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
+                                   device_sparse: str = "",
+                                   compression: Any = Compression.none,
+                                   sparse_as_dense: bool = False, op: Any = Average,
+                                   gradient_predivide_factor: float = 1.0,
+                                   num_groups: int = 0, groups: Any = None,
+                                   process_set: _core.ProcessSet = _core.global_process_set,
+                                   local_layers: Any = None,
+                                   scale_local_gradients: bool = True) -> tf.GradientTape:
     """``DistributedGradientTape`` whose ``local_layers``' gradients stay local (not reduced;
     divided by the set size when ``scale_local_gradients``), as Horovod's."""
     local = _layer_variables(local_layers, "PartialDistributedGradientTape")

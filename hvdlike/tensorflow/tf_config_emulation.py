@@ -15,6 +15,7 @@ same cluster dict with its own ``task``.  This module runs no TensorFlow code (i
 uses the MPI core), so it is safe to call before TensorFlow initialises; it must be called
 by every rank (it is a collective).
 """
+from typing import Any, Dict, Optional, Sequence
 import json
 import os
 import socket
@@ -73,8 +74,10 @@ def _roles_for(size, chief, evaluator, roles):
     return out
 
 
-def tf_config(chief=False, evaluator=False, roles=None, host=None, port=0,
-              process_set=_core.global_process_set):
+def tf_config(chief: bool = False, evaluator: bool = False,
+              roles: Optional[Sequence[str]] = None, host: Optional[str] = None,
+              port: int = 0,
+              process_set: _core.ProcessSet = _core.global_process_set) -> Dict[str, Any]:
     """Build this rank's ``TF_CONFIG`` dict from the MPI world (a collective).
 
     Every rank must call it with the same ``chief``/``evaluator``/``roles``.  Default: every
@@ -114,8 +117,10 @@ def _format_host(address):
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
-def export_tf_config(chief=False, evaluator=False, roles=None, host=None, port=0,
-                     process_set=_core.global_process_set, overwrite=False):
+def export_tf_config(chief: bool = False, evaluator: bool = False,
+                     roles: Optional[Sequence[str]] = None, host: Optional[str] = None,
+                     port: int = 0, process_set: _core.ProcessSet = _core.global_process_set,
+                     overwrite: bool = False) -> Dict[str, Any]:
     """Compute :func:`tf_config` and store it as JSON in ``os.environ["TF_CONFIG"]``.
 
     Call it on every rank before the first TensorFlow operation runs (at least before the

@@ -1,11 +1,14 @@
 """Loading a saved Keras model with its optimizer re-wrapped for hvdlike."""
+from typing import Any, Dict, Optional, Sequence
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.optimizer import distributed_optimizer_classes
 
 
-def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none, legacy_opts=False, **optimizer_kwargs):
+def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None,
+               custom_objects: Optional[Dict[str, Any]] = None,
+               compression: Any = Compression.none, legacy_opts: bool = False,
+               **optimizer_kwargs: Any) -> Any:
     """Load a model saved with ``model.save`` and wrap its optimizer (state restored).
 
     The optimizer comes back as a DistributedOptimizer of the same class, config and
