@@ -22,6 +22,7 @@ from .. import dtypes, fusion, gpu, log
 from ..checks import Request
 from ..reduce_ops import ReduceOp
 from ..transport import nccl as nccl_transport
+from ..transport import staged as staging
 from . import execute
 from .execute import Phases, Work, scatter_rows
 
@@ -112,7 +113,7 @@ def run_allreduces(st: Any, works: Sequence[Work],
     if staged:  # results in pinned memory, so that their copies to the GPU are fast
         execute.run_allreduces(st, [_staged(work, device) for _, work, _, device in staged],
                                trace and (lambda m, p, a: trace([staged[i][0] for i in m], p, a)),
-                               _pinned_empty)
+                               staging.pinned_empty)
     if direct:
         _nccl_allreduces(st, direct, trace)
 
@@ -171,39 +172,9 @@ def _finished(value: Any, work: Work, stream: Any) -> gpu.DeviceResult:
     return gpu.DeviceResult(value, done, work.inputs)
 
 
-def _to_host(value: Any, stream: Any) -> Any:
-    if isinstance(value, list):
-        return [_to_host(v, stream) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_to_host(v, stream) for v in value)
-    if isinstance(value, np.ndarray) or value is None:
-        return value
-    import cupyx
-
-    host = cupyx.empty_pinned(value.shape, value.dtype)
-    value.get(stream=stream, out=host, blocking=False)
-    return host
-
-
-def _pinned_empty(shape: tuple, dtype: np.dtype) -> np.ndarray:
-    import cupyx
-
-    return cupyx.empty_pinned(shape, dtype)
-
-
-def _to_device(value: Any, stream: Any) -> Any:
-    if isinstance(value, list):
-        return [_to_device(v, stream) for v in value]
-    if isinstance(value, tuple):  # alltoall: the received rows go back, the splits stay here
-        return (_to_device(value[0], stream), value[1])
-    out = gpu.cupy().empty(value.shape, value.dtype)
-    out.set(value, stream=stream)
-    return out
-
-
 def _on_device(value: Any, work: Work, stream: Any) -> gpu.DeviceResult:
     with stream:
-        result = _finished(_to_device(value, stream), work, stream)
+        result = _finished(staging.to_device(value, stream), work, stream)
     # a copy from pinned memory runs after set() returns: the host arrays (from CuPy's pinned
     # pool, reused as soon as they are dropped) must outlive it
     stream.synchronize()
@@ -226,7 +197,7 @@ def _staged(work: Work, device: int) -> _StagedWork:
     cp = gpu.cupy()
     with cp.cuda.Device(device):
         stream = _stream_after([work], device)
-        host = _to_host(work.inputs.inputs, stream)
+        host = staging.to_host(work.inputs.inputs, stream)
         stream.synchronize()
 
     def done(result: Any) -> None:
