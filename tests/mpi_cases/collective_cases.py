@@ -50,9 +50,10 @@ def cases() -> List[Case]:
     out += [Case("allreduce_scaled", "float32", "Sum"), Case("allreduce_scaled", "int32", "Sum"),
             Case("allreduce_scaled", "float16", "Average")]
     # factors that 16-bit floats cannot hold, on values that are not integers: Horovod's
-    # scaling rules show (see reference.reduce)
-    out += [Case("allreduce_scaled_random", d, op) for d in ("float16", "bfloat16", "float32",
-                                                            "int32", "uint16")
+    # scaling rules show (see reference.reduce). Not float32: its sums of such values depend
+    # on the order MPI adds the ranks' values in (its scaling is covered above)
+    out += [Case("allreduce_scaled_random", d, op) for d in ("float16", "bfloat16", "int32",
+                                                            "uint16")
             for op in ("Sum", "Average")]
     return out
 
