@@ -25,8 +25,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 import numpy as np
 
-_DLPACK_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
-_DLPACK_CPU = (1, 3)  # kDLCPU, kDLCUDAHost (pinned host memory is host memory)
+_DLPACK_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged (kDLCUDAHost, pinned, counts as host)
 
 NCCL_PACKAGES = "cupy-cuda12x and nvidia-nccl-cu12 (pip install 'hvdlike[gpu]'; CUDA 13: " \
                 "'hvdlike[gpu-cu13]')"
