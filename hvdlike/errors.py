@@ -1,4 +1,5 @@
 """Exceptions raised by hvdlike."""
+from typing import List
 
 
 class NotInitializedError(ValueError):
@@ -10,3 +11,19 @@ class NotInitializedError(ValueError):
 
 class CollectiveMismatchError(ValueError):
     """Ranks called the same collective with different arguments (shape, dtype, op, root, ...)."""
+
+
+class RanksFailedError(RuntimeError):
+    """Ranks of the job died (seen only where MPI survives a failure: Open MPI with ULFM,
+    ``hvdlikerun --elastic``). Every collective pending or submitted afterwards on the
+    survivors raises it; ``hvdlike.elastic.run`` catches it, shrinks the world and goes on.
+    Horovod's name for it: ``HorovodInternalError``."""
+
+    def __init__(self, message: str, failed: List[int]) -> None:
+        super().__init__(message)
+        self.failed = failed  # world ranks (of the world before the failure) that died
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod's signal that hosts were added or removed. hvdlike's elastic mode does not grow
+    the world (yet), so it never raises this; it exists so that Horovod code catching it ports."""

@@ -127,3 +127,11 @@ def _in_engine(st: "runtime._State", change: Any) -> Any:
 def _release_all() -> None:
     for ps in list(_registry.values()):
         ps._unbind()
+
+
+def _drop_all() -> None:
+    """Forget every set without freeing its MPI objects (their world lost ranks: freeing is
+    collective and cannot complete)."""
+    for ps in list(_registry.values()):
+        _registry.pop(ps.process_set_id, None)
+        ps.process_set_id, ps._comm, ps._rank, ps._shm = None, None, -1, None

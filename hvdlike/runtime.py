@@ -200,6 +200,54 @@ def is_initialized() -> bool:
     return _state is not None
 
 
+def failure() -> Optional[Exception]:
+    """The RanksFailedError of this world when ranks died under ULFM, else None."""
+    return None if _state is None else _state.engine.failure
+
+
+def shrink_after_failure(min_size: int = 1) -> List[int]:
+    """After ranks died (``failure()`` is set): build a new world of the survivors and start
+    hvdlike on it. Collective over the survivors. Returns the old world ranks that died.
+
+    The old world's communicators are revoked; nothing is freed together on them (a dead rank
+    cannot take part). Process sets other than the global one are dropped: register them
+    again, with the new ranks, in a reset callback. Raises RuntimeError on every survivor when
+    fewer than ``min_size`` ranks are left.
+    """
+    global _state
+    st = state("hvdlike.elastic reset")
+    error = st.engine.failure
+    if error is None:
+        raise RuntimeError("hvdlike: no ranks have failed; there is nothing to recover from")
+    st.engine.stop()
+    timeline.stop_timeline()
+    survivors = st.world.Shrink()
+    _ps._drop_all()
+    if st.previous_excepthook is not None:
+        sys.excepthook = st.previous_excepthook
+    old_rank, old_size = st.rank, st.size
+    _state = None
+    try:
+        init(comm=survivors)
+    finally:
+        survivors.Free()
+    new = state()
+    kept = new.world.allgather(old_rank)
+    failed = sorted(set(range(old_size)) - set(kept))
+    error.failed[:] = failed
+    if new.rank == 0:
+        log.logger.warning(f"elastic: ranks {failed} of {old_size} died; {new.size} ranks go on, "
+                           f"renumbered 0..{new.size - 1} in their old order")
+    log.logger.info(f"elastic: this rank was {old_rank} and is now {new.rank}")
+    if new.size < min_size:
+        too_few = RuntimeError(
+            f"hvdlike.elastic: only {new.size} ranks are left after ranks {failed} died, "
+            f"fewer than the minimum of {min_size} (hvdlikerun --min-np); the job ends")
+        too_few.hvdlike_quiet = new.rank != 0  # type: ignore[attr-defined] - rank 0 says it
+        raise too_few
+    return failed
+
+
 def rank() -> int:
     """This process's rank in the world, 0..size()-1."""
     return state("hvdlike.rank()").rank

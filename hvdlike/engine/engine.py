@@ -31,6 +31,7 @@ from mpi4py.MPI import Exception as MPIException
 from .. import process_sets as _ps
 from .. import timeline
 from ..checks import LocalError, Request, raised_on_every_rank
+from ..errors import RanksFailedError
 from ..handles import Handle
 from . import execute, execute_gpu
 from .stall import StallInspector
@@ -91,7 +92,9 @@ class Engine:
         self._productive = False
         self._stuck = False  # every rank had work pending in the last round, none ran
         self._last_round = 0.0
+        self._in_flight: List[Work] = []  # the works of the round that is running
         self.stopped = False
+        self.failure: Optional[RanksFailedError] = None  # ranks died (ULFM): the engine is over
         self._thread = threading.Thread(target=self._run, name="hvdlike-engine", daemon=True)
         self._thread.start()
 
@@ -103,6 +106,8 @@ class Engine:
         to wait on the handle (and so run the round itself): leave the background thread be."""
         handle = Handle(self)
         with self._qlock:
+            if self.failure is not None:
+                raise self.failure
             if self._stopping:
                 raise RuntimeError(f"hvdlike.{request.kind}: hvdlike is shutting down on this "
                                    "rank; no more collectives can be submitted")
@@ -132,7 +137,8 @@ class Engine:
                     if handle._done:
                         return
                     if self.stopped:
-                        raise RuntimeError("hvdlike was shut down before this request ran")
+                        raise self.failure or RuntimeError(
+                            "hvdlike was shut down before this request ran")
                     pause = self._pause()
                     if pause <= 0:
                         self._round()
@@ -150,6 +156,8 @@ class Engine:
             self._cv.notify()
         self._thread.join()
         execute_gpu.reset()
+        if self.failure is not None:  # the communicators are revoked: nothing to free together
+            return
         if self._gather is not None:
             self._gather.Free()
         self._ctrl.Free()
@@ -193,7 +201,10 @@ class Engine:
     def _round(self) -> None:
         try:
             self._negotiate_and_run()
-        except BaseException:
+        except BaseException as exc:
+            if _is_process_failure(exc):
+                self._fail(exc)
+                return
             # A failure here (not in a collective's data: those go to their handles) leaves
             # this rank's rounds out of step with its peers': stop the job rather than hang.
             import sys
@@ -335,6 +346,7 @@ class Engine:
             (reductions if response.request.kind in ALLREDUCES else others).append(work)
         if served:
             self._count_unnamed(served)
+        self._in_flight = reductions + others
         if reductions:
             host = [w for w in reductions if w.request.device != "gpu"]
             gpu = [w for w in reductions if w.request.device == "gpu"]
@@ -351,6 +363,7 @@ class Engine:
             if tl is not None:
                 tl.span(_row_name(work.process_set, work.request.name or ""),
                         "MPI_" + work.request.kind.upper(), start, time.perf_counter())
+        self._in_flight = []
 
     def _tracer(self, tl: Any, works: List[Work]) -> Any:
         """The timeline's record of a round's all-reduce buckets (indices into ``works``)."""
@@ -381,6 +394,8 @@ class Engine:
         try:
             run()
         except Exception as exc:  # noqa: BLE001 - handed to the caller, raised there
+            if _is_process_failure(exc):
+                raise  # the whole engine fails, with every request in it (_fail)
             for work in works:
                 handle = getattr(work.done, "__self__", None)
                 if isinstance(handle, Handle) and not handle._done:
@@ -404,21 +419,78 @@ class Engine:
 
     def _stop_now(self) -> None:
         self.stopped = True
+        for entry in self._take_all():
+            entry.handle._complete(None, RuntimeError(
+                f"hvdlike.{entry.request.kind} {entry.request.name!r} was still pending when "
+                "hvdlike shut down"))
+
+    def _take_all(self) -> List[Entry]:
+        """Every request not yet completed, taken out of the engine."""
         with self._qlock:
             left, self._queue = self._queue, []
         left += list(self._pending.values()) + [e for q in self._later.values() for e in q]
         if self._join_entry is not None:
             left.append(self._join_entry)
-        for entry in left:
-            entry.handle._complete(None, RuntimeError(
-                f"hvdlike.{entry.request.kind} {entry.request.name!r} was still pending when "
-                "hvdlike shut down"))
         self._pending.clear()
         self._later.clear()
+        self._join_entry = None
+        return left
+
+    def _fail(self, exc: BaseException) -> None:
+        """Ranks died (MPI with ULFM reported it): revoke every communicator of this world, so
+        that survivors blocked in any of them get out too, and fail every request with the
+        same RanksFailedError, naming the dead ranks. The engine is over; see
+        ``hvdlike.elastic`` for going on."""
+        st = self._st
+        for comm in [self._ctrl, st.world, st.local_comm, st.cross_comm] + [
+                ps._comm for ps in _ps._registry.values() if ps._comm is not None]:
+            try:
+                comm.Revoke()
+            except MPIException:
+                pass
+        failed = _failed_ranks(self._ctrl)  # [] where a peer's revoke told this rank first
+        named = f"ranks {failed}" if failed else "some ranks"
+        error = RanksFailedError(
+            f"hvdlike: {named} of the {st.size}-rank job died ({exc}). Collectives cannot go on "
+            "on this world. In hvdlike.elastic.run the survivors shrink the world and resume "
+            "from the last committed state; otherwise the job ends.", failed)
+        with self._qlock:
+            self.failure = error
+            self._stopping = True
+        self.stopped = True
+        for entry in self._take_all():
+            entry.handle._complete(None, error)
+        for work in self._in_flight:
+            handle = getattr(work.done, "__self__", None)
+            if isinstance(handle, Handle) and not handle._done:
+                handle._complete(None, error)
+        self._in_flight = []
 
 
 def _discard(result: Any) -> None:
     return None
+
+
+def _is_process_failure(exc: BaseException) -> bool:
+    """True for MPI's ULFM errors: a rank died, or a peer revoked the communicator."""
+    if not isinstance(exc, MPIException):
+        return False
+    from mpi4py import MPI
+    codes = {getattr(MPI, n, None) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING",
+                                             "ERR_REVOKED")} - {None}
+    return exc.Get_error_class() in codes
+
+
+def _failed_ranks(comm: Any) -> List[int]:
+    """The ranks of ``comm`` known to have died (ULFM's MPI_Comm_get_failed); [] if unknown."""
+    try:
+        comm.Ack_failed()
+        group = comm.Get_failed()
+        failed = group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())
+        group.Free()
+        return sorted(int(r) for r in failed)
+    except (MPIException, NotImplementedError, AttributeError):
+        return []
 
 
 def _row_name(process_set: Any, name: str) -> str:
