@@ -28,7 +28,9 @@ from .collectives import (
     reducescatter_async,
 )
 from .gpu import pin_gpu
-from .errors import CollectiveMismatchError, NotInitializedError
+from . import elastic
+from .errors import (CollectiveMismatchError, HostsUpdatedInterrupt, NotInitializedError,
+                     RanksFailedError)
 from .handles import Handle, poll, synchronize
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
@@ -57,6 +59,7 @@ from .runtime import (
 )
 
 __version__ = "0.1.0"
+HorovodInternalError = RanksFailedError  # Horovod's name
 
 _TF_NAMES = {
     "hvdlike.tensorflow": ("DistributedOptimizer", "DistributedGradientTape", "Compression",

@@ -17,6 +17,8 @@
 | HVDLIKE_LOG_LEVEL | warning | trace, debug, info, warning, error or fatal: what the `hvdlike` logger prints (on stderr, prefixed with the rank) |
 | HVDLIKE_GPU_TRANSPORT | auto | GPU arrays: `auto` (NCCL where every rank of the set has it and its own GPU, else staged through host memory with one warning), `nccl` (an error where NCCL cannot serve), `staged` |
 | HVDLIKE_NODE_NAMES | (unset) | comma-separated node name per world rank, overriding MPI's topology |
+| HVDLIKE_STATE_DIR | (unset) | `hvdlike.elastic`: commits also write the state here, and `elastic.run` resumes from it (`hvdlikerun --state-dir`) |
+| HVDLIKE_ELASTIC_MIN_NP | 1 | `hvdlike.elastic`: stop when fewer ranks than this survive (`hvdlikerun --min-np`) |
 """
 import dataclasses
 import os

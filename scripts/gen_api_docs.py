@@ -20,11 +20,12 @@ from typing import Any, Dict, List
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parent.parent
 API = REPO / "docs" / "api.md"
-MODULES = ["hvdlike", "hvdlike.tensorflow", "hvdlike.tensorflow.keras",
-           "hvdlike.tensorflow.keras.callbacks", "hvdlike.keras", "hvdlike.keras.callbacks"]
+MODULES = ["hvdlike", "hvdlike.elastic", "hvdlike.tensorflow", "hvdlike.tensorflow.elastic",
+           "hvdlike.tensorflow.keras", "hvdlike.tensorflow.keras.callbacks",
+           "hvdlike.tensorflow.keras.elastic", "hvdlike.keras", "hvdlike.keras.callbacks"]
 INTRO = """# API reference
 
-Every public name of `hvdlike` (NumPy and GPU arrays), `hvdlike.tensorflow`,
+Every public name of `hvdlike` (NumPy and GPU arrays), `hvdlike.elastic`, `hvdlike.tensorflow`,
 `hvdlike.tensorflow.keras` and `hvdlike.keras` (the same objects as
 `hvdlike.tensorflow.keras`), with its signature and the first paragraph of its docstring.
 Names that one module takes from another are listed once, where they are defined, and named
@@ -74,8 +75,13 @@ def render() -> str:
                 key = f"{_home(obj, module_name)}.{getattr(obj, '__name__', name)}"
             else:  # a value (process set, op constant): its home is where it is reached
                 key = f"{module_name}.{name}"
-            entry = entries.setdefault(key, {"obj": obj, "name": name, "in": []})
-            entry["in"].append(module_name)
+            entry = entries.setdefault(key, {"obj": obj, "name": name, "in": [],
+                                             "aliases": set()})
+            entry["aliases"].add(name)
+            if name == getattr(obj, "__name__", None):  # titled by its own name, not an alias
+                entry["name"] = name
+            if module_name not in entry["in"]:  # a name and its alias (HorovodInternalError)
+                entry["in"].append(module_name)
     lines = [INTRO]
     for module_name in MODULES:
         own = sorted((k, e) for k, e in entries.items() if e["in"][0] == module_name)
@@ -92,6 +98,8 @@ def render() -> str:
             lines.append(f"*{kind}*, defined in `{key}`"
                          + (f"; also in {', '.join(f'`{m}`' for m in also)}" if also else "")
                          + ". " + detail + "\n")
+            for alias in sorted(e["aliases"] - {name}):
+                lines.append(f"### `{alias}`\n*alias* of `{name}`, the same object.\n")
     return "\n".join(lines).rstrip() + "\n"
 
 

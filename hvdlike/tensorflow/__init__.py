@@ -3,6 +3,7 @@ from hvdlike import (  # noqa: F401
     init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
     cross_size, ReduceOp, Average, Sum, Min, Max, Product, ProcessSet, global_process_set,
     add_process_set, remove_process_set, CollectiveMismatchError, NotInitializedError,
+    RanksFailedError, HostsUpdatedInterrupt, HorovodInternalError,
     mpi_enabled, mpi_built, mpi_threads_supported, gloo_enabled, gloo_built, nccl_built,
     cuda_built, rocm_built, ccl_built, ddl_built, pin_gpu, is_homogeneous, start_timeline,
     stop_timeline,
@@ -29,3 +30,4 @@ from hvdlike.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: F
 from hvdlike.tensorflow.tf_config_emulation import tf_config, export_tf_config  # noqa: F401
 from hvdlike.tensorflow.strategy import MPIStrategy, MPICrossDeviceOps  # noqa: F401
 
+from hvdlike.tensorflow import elastic  # noqa: F401,E402

@@ -14,3 +14,4 @@ from hvdlike.tensorflow import (  # noqa: F401
 )
 from hvdlike.tensorflow.keras import callbacks  # noqa: F401
 from hvdlike.tensorflow.keras.saving import load_model  # noqa: F401
+from hvdlike.tensorflow.keras import elastic  # noqa: F401,E402

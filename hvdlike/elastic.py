@@ -1,0 +1,203 @@
+"""Elastic training on MPI: keep training when ranks die (Horovod's ``hvd.elastic`` API).
+
+Under an MPI with ULFM (``hvdlikerun --elastic``, Open MPI 5 ``--with-ft ulfm``) a dead rank
+does not end the job: the survivors' collectives raise ``RanksFailedError``. ``run`` catches
+it, restores the state last committed, shrinks the world to the survivors
+(``MPI_Comm_shrink``), restarts hvdlike on it, calls the state's reset callbacks, syncs the
+state from the new rank 0 and calls the training function again::
+
+    state = hvd.elastic.ObjectState(step=0, weights=w)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < steps:
+            ...
+            state.step += 1
+            state.commit()
+
+    train(state)
+
+``HVDLIKE_STATE_DIR`` (``hvdlikerun --state-dir``): ``commit()`` also writes the state there
+(rank 0, under a temporary name renamed into place), and ``run`` starts from that file when
+it exists, so a job relaunched by ``hvdlikerun --restarts K``, on any MPI, resumes from its
+last commit. TensorFlow states (``TensorFlowKerasState``, ``KerasState``, ...) load with
+TensorFlow on first use.
+"""
+import copy
+import functools
+import importlib
+import os
+import pickle
+import tempfile
+from typing import Any, Callable, Dict, List, Optional, TypeVar
+
+from . import collectives, runtime
+from .errors import HostsUpdatedInterrupt, RanksFailedError  # noqa: F401 - Horovod's names
+from .log import logger
+
+_STATE_FILE = "elastic_state.pkl"
+
+HorovodInternalError = RanksFailedError
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class State:
+    """What training must keep across a failure. Subclasses say what a snapshot is.
+
+    ``commit()`` keeps a snapshot (and writes it under ``HVDLIKE_STATE_DIR``); ``restore()``
+    goes back to it; ``sync()`` gives every rank rank 0's state. Commit often enough that
+    little work is lost, seldom enough that the copies cost little (Horovod's advice too).
+    """
+
+    def __init__(self) -> None:
+        self._reset_callbacks: List[Callable[[], None]] = []
+        self._saved: Optional[Dict[str, Any]] = None
+
+    def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
+        """Functions called after the world changed and before the state is synced, e.g. to
+        scale the learning rate to the new ``size()`` or register process sets again."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        for callback in self._reset_callbacks:
+            callback()
+
+    def save(self) -> None:
+        """Keep a snapshot in memory."""
+        self._saved = self._snapshot()
+
+    def restore(self) -> None:
+        """Go back to the last snapshot (the one ``__init__`` took, before any commit)."""
+        if self._saved is not None:
+            self._apply(self._saved)
+
+    def commit(self) -> None:
+        """Save, and write the snapshot under ``HVDLIKE_STATE_DIR`` (rank 0) when it is set."""
+        self.save()
+        self.check_host_updates()
+        directory = os.environ.get("HVDLIKE_STATE_DIR")
+        if directory and runtime.rank() == 0:
+            _write_atomically(os.path.join(directory, _STATE_FILE), self._saved)
+
+    def check_host_updates(self) -> None:
+        """Horovod raises HostsUpdatedInterrupt here when hosts joined; hvdlike does not grow
+        the world, so there is nothing to check."""
+
+    def sync(self) -> None:
+        """Every rank takes rank 0's state (collective), then saves it."""
+        snapshot = collectives.broadcast_object(
+            self._snapshot() if runtime.rank() == 0 else None, root_rank=0,
+            name="hvdlike.elastic.sync")
+        self._apply(snapshot)
+        self.save()
+
+    def _snapshot(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def _apply(self, snapshot: Dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class ObjectState(State):
+    """Picklable Python values as attributes: ``ObjectState(epoch=0, batch=0)``, then
+    ``state.epoch += 1``. Snapshots are deep copies."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self._names = list(kwargs)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        self.save()
+
+    def _snapshot(self) -> Dict[str, Any]:
+        return {name: copy.deepcopy(getattr(self, name)) for name in self._names}
+
+    def _apply(self, snapshot: Dict[str, Any]) -> None:
+        for name, value in snapshot.items():
+            setattr(self, name, copy.deepcopy(value))
+
+
+def run(func: _F) -> _F:
+    """Decorate the training function ``func(state, ...)``: it is called again on the
+    survivors, from the last committed state, each time ranks die. Without ULFM a failure
+    ends the job as usual; with ``HVDLIKE_STATE_DIR`` the first call starts from the
+    committed state on disk."""
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        _load_committed(state)
+        reset = False
+        while True:
+            try:
+                if reset:
+                    runtime.shrink_after_failure(_min_size())
+                    state.on_reset()
+                state.sync()
+                return func(state, *args, **kwargs)
+            except BaseException as exc:
+                if runtime.failure() is None:
+                    raise
+                logger.info(f"elastic: {type(exc).__name__} after ranks died; restoring the "
+                            "last committed state and going on with the survivors")
+                state.restore()
+                reset = True
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _min_size() -> int:
+    value = os.environ.get("HVDLIKE_ELASTIC_MIN_NP", "1")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise ValueError(f"HVDLIKE_ELASTIC_MIN_NP={value!r} is not a whole number") from None
+
+
+def _load_committed(state: State) -> None:
+    """Rank 0 loads the committed state from ``HVDLIKE_STATE_DIR`` when there is one (the
+    job was restarted); ``sync()`` then hands it to every rank."""
+    directory = os.environ.get("HVDLIKE_STATE_DIR")
+    if not directory or runtime.rank() != 0:
+        return
+    path = os.path.join(directory, _STATE_FILE)
+    if not os.path.exists(path):
+        return
+    with open(path, "rb") as f:
+        snapshot = pickle.load(f)  # written by this job's rank 0 (docs/security.md)
+    state._apply(snapshot)
+    state.save()
+    logger.warning(f"elastic: resuming from the state committed in {path}")
+
+
+def _write_atomically(path: str, snapshot: Any) -> None:
+    """Write ``snapshot`` to ``path`` so that a kill at any moment leaves the previous file
+    or the new one, never a torn one: a temporary file in the same folder, fsync, rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(snapshot, f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+_TF_NAMES = {
+    "hvdlike.tensorflow.elastic": ("TensorFlowKerasState", "TensorFlowState"),
+    "hvdlike.tensorflow.keras.elastic": ("KerasState", "CommitStateCallback",
+                                         "UpdateBatchStateCallback", "UpdateEpochStateCallback"),
+}
+_TF_MODULE_OF = {name: module for module, names in _TF_NAMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _TF_MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hvdlike.elastic' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,71 @@
+"""Scripts for the elastic and restart tests, run by hvdlikerun (not through the worker).
+
+``python elastic_cases.py MODE VICTIM KILL_STEP STEPS``: every rank trains a vector ``w``
+with averaged gradients that depend only on (rank, size, step), commits after every step,
+and prints ``RESULT`` with its final state. ``VICTIM`` kills itself with SIGKILL at
+``KILL_STEP`` (in the first world, and in the first run when restarted):
+
+- ``before``: before submitting that step's all-reduce;
+- ``during``: right after submitting it (the others may be inside the transfer);
+- ``plain``: ``before``, and the script does not use ``hvdlike.elastic.run``;
+- ``always``: ``before``, in every run of a restarted job.
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import hvdlike as hvd
+
+DIM = 1000
+
+
+def gradient(rank: int, size: int, step: int) -> np.ndarray:
+    rng = np.random.default_rng(1000 * step + 10 * rank + size)
+    return rng.standard_normal(DIM).astype(np.float64)
+
+
+def die() -> None:
+    print(f"KILLING rank={hvd.rank()} at {time.time()}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main() -> None:
+    mode, victim, kill_step, steps = sys.argv[1], *map(int, sys.argv[2:5])
+    hvd.init()
+    first_size = hvd.size()
+    first_run = os.environ.get("HVDLIKE_RESTART", "0") == "0"
+    state = hvd.elastic.ObjectState(step=0, w=np.zeros(DIM), sizes=[])
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    def train(state: hvd.elastic.ObjectState) -> None:
+        while state.step < steps:
+            dying = (hvd.size() == first_size and (first_run or mode == "always")
+                     and hvd.rank() == victim and state.step == kill_step)
+            if dying and mode in ("before", "plain", "always"):
+                die()
+            g = gradient(hvd.rank(), hvd.size(), state.step)
+            handle = hvd.allreduce_async(g, name="grad")
+            if dying:
+                die()
+            state.w = state.w - 0.1 * hvd.synchronize(handle)
+            state.sizes.append(hvd.size())
+            state.step += 1
+            state.commit()
+            print(f"COMMITTED rank={hvd.rank()} step={state.step - 1}", flush=True)
+
+    if mode == "plain":
+        state.sync()
+        train(state)
+    else:
+        hvd.elastic.run(train)(state)
+    print("RESULT " + json.dumps({"rank": hvd.rank(), "size": hvd.size(), "w": state.w.tolist(),
+                                  "sizes": state.sizes, "resets": resets}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Elastic training on MPI with ULFM, and restarts from the committed state.
+
+Real jobs: ``hvdlikerun --elastic`` (Open MPI 5 with ULFM) where a rank kills itself with
+SIGKILL; the survivors must finish with the result of a reference that used the same ranks
+from the last commit on. ``--restarts`` relaunches a failed job on any MPI.
+"""
+import json
+import re
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from mpi_harness import REPO, TESTS, launch, mpich_prefix
+
+sys.path.insert(0, str(TESTS / "mpi_cases"))
+from elastic_cases import gradient  # noqa: E402
+
+CASES = str(TESTS / "mpi_cases" / "elastic_cases.py")
+STEPS, KILL_STEP = 12, 5
+
+
+def _run(np_, mode, victim, flags=(), env=None, timeout=90, mpi_prefix=None):
+    python = sys.executable if mpi_prefix is None else f"{mpi_prefix}/bin/python"
+    argv = [*flags, python, CASES, mode, str(victim), str(KILL_STEP), str(STEPS)]
+    if mpi_prefix is not None:
+        argv = ["--mpirun", f"{mpi_prefix}/bin/mpiexec", *argv]
+        env = dict(env or {}, PYTHONPATH=str(REPO))
+    job = launch(np_, argv, timeout=timeout, env=env)
+    ended = time.time()
+    assert not job.timed_out, f"the job hung:\n{job.output[-4000:]}"
+    return job, ended
+
+
+def _results(output):
+    return sorted((json.loads(line[len("RESULT "):]) for line in output.splitlines()
+                   if line.startswith("RESULT ")), key=lambda r: r["rank"])
+
+
+def _reference(sizes):
+    """What the survivors must hold: step k averaged the gradients of ranks 0..sizes[k]-1."""
+    w = np.zeros(1000)
+    for step, size in enumerate(sizes):
+        w = w - 0.1 * np.mean([gradient(r, size, step) for r in range(size)], axis=0)
+    return w
+
+
+def _killed_at(output):
+    return float(re.search(r"^KILLING rank=\d+ at (\S+)$", output, re.M).group(1))
+
+
+@pytest.mark.parametrize("np_,victim,mode", [(4, 2, "before"), (4, 2, "during"),
+                                             (4, 0, "during"), (2, 1, "before")])
+def test_survivors_finish_from_the_last_commit_with_the_reference_result(np_, victim, mode):
+    job, _ = _run(np_, mode, victim, ["--elastic"])
+    assert job.returncode == 0, job.output[-4000:]
+    results = _results(job.output)
+    assert [r["rank"] for r in results] == list(range(np_ - 1)), job.output[-4000:]
+    # the step being all-reduced when the rank died ran again on the survivors
+    sizes = results[0]["sizes"]
+    assert sizes == [np_] * KILL_STEP + [np_ - 1] * (STEPS - KILL_STEP), sizes
+    want = _reference(sizes)
+    for r in results:
+        assert r["size"] == np_ - 1 and r["resets"] == [np_ - 1] and r["sizes"] == sizes
+        np.testing.assert_allclose(r["w"], want, rtol=1e-12, atol=1e-12)
+    warnings = [line for line in job.output.splitlines() if "WARNING: elastic:" in line]
+    assert warnings == [f"hvdlike[0]: WARNING: elastic: ranks [{victim}] of {np_} died; "
+                        f"{np_ - 1} ranks go on, renumbered 0..{np_ - 2} in their old order"]
+
+
+def test_without_elastic_run_a_death_under_ulfm_ends_the_job_naming_the_rank():
+    job, ended = _run(4, "plain", 2, ["--elastic"])
+    assert job.returncode != 0
+    assert "RanksFailedError: hvdlike: ranks [2] of the 4-rank job died" in job.output
+    assert "RESULT" not in job.output
+    assert ended - _killed_at(job.output) <= 10
+
+
+def test_plain_mode_kill_ends_the_job_within_10_s_naming_the_rank():
+    job, ended = _run(4, "plain", 2)
+    assert job.returncode != 0
+    assert re.search(r"process rank 2 with PID \d+ on node \S+ exited on\s+signal 9",
+                     job.output), job.output[-3000:]
+    assert "RESULT" not in job.output
+    assert ended - _killed_at(job.output) <= 10
+
+
+def test_fewer_ranks_than_min_np_end_the_job_with_a_message():
+    job, _ = _run(2, "before", 1, ["--min-np", "2"])
+    assert job.returncode != 0
+    assert ("only 1 ranks are left after ranks [1] died, fewer than the minimum of 2 "
+            "(hvdlikerun --min-np)") in job.output, job.output[-3000:]
+    assert "RESULT" not in job.output
+
+
+@pytest.mark.parametrize("mpi", ["openmpi", "mpich"])
+def test_restarts_resume_from_the_committed_state_without_repeating_or_skipping(mpi, tmp_path):
+    prefix = mpich_prefix() if mpi == "mpich" else None
+    flags = ["--restarts", "1", "--state-dir", str(tmp_path / "state")]
+    job, _ = _run(2, "before", 1, flags, mpi_prefix=prefix, timeout=120)
+    assert job.returncode == 0, job.output[-4000:]
+    assert "restart 1 of 1 (it resumes from the state committed in" in job.output
+    assert job.output.count("resuming from the state committed in") == 1
+    for rank in range(2):  # each committed step ran once, over the two launches
+        steps = [int(s) for s in re.findall(rf"^COMMITTED rank={rank} step=(\d+)$",
+                                            job.output, re.M)]
+        assert steps == list(range(STEPS)), steps
+    results = _results(job.output)
+    assert [r["sizes"] for r in results] == [[2] * STEPS] * 2
+    want = _reference([2] * STEPS)  # equal to a run that was never interrupted
+    for r in results:
+        np.testing.assert_allclose(r["w"], want, rtol=1e-12, atol=1e-12)
+    assert oct((tmp_path / "state" / "elastic_state.pkl").stat().st_mode & 0o777) == "0o600"
+
+
+def test_without_a_state_dir_a_restarted_job_starts_over():
+    job, _ = _run(2, "before", 1, ["--restarts", "1"])
+    assert job.returncode == 0, job.output[-4000:]
+    assert "restart 1 of 1 (no --state-dir: it starts again" in job.output
+    steps = re.findall(r"^COMMITTED rank=0 step=(\d+)$", job.output, re.M)
+    assert steps == [str(s) for s in list(range(KILL_STEP)) + list(range(STEPS))], steps
+    np.testing.assert_allclose(_results(job.output)[0]["w"], _reference([2] * STEPS),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_a_job_that_keeps_failing_stops_after_its_restarts(tmp_path):
+    flags = ["--restarts", "2", "--state-dir", str(tmp_path)]
+    job, _ = _run(2, "always", 1, flags)
+    assert job.returncode == 137, job.output[-4000:]  # the last run's status: SIGKILL
+    assert len(re.findall(r"^KILLING rank=1", job.output, re.M)) == 3
+    assert "restart 2 of 2" in job.output and "restart 3" not in job.output
+    assert "RESULT" not in job.output

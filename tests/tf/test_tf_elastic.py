@@ -1,0 +1,26 @@
+"""Elastic Keras ``fit`` (Keras 3 and tf_keras) under ``hvdlikerun --elastic -np 4``: a rank
+killed in the middle of an epoch; the three survivors finish and match one process that used
+the same ranks from the last commit on (tests/tf/workers/elastic_fit.py)."""
+import re
+import sys
+
+import pytest
+
+from mpi_harness import TESTS, launch
+
+CHECKS = ["elastic_fit_finishes_on_the_survivors",
+          "elastic_fit_weights_equal_across_survivors",
+          "elastic_fit_equals_one_process_with_the_same_ranks_from_the_commit_on"]
+
+
+@pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "tf_keras"])
+def test_elastic_fit_survives_a_killed_rank_and_matches_the_reference(legacy):
+    worker = TESTS / "tf" / "workers" / "elastic_fit.py"
+    job = launch(4, ["--elastic", sys.executable, str(worker)], timeout=240,
+                 env={"TF_USE_LEGACY_KERAS": legacy})
+    assert not job.timed_out, job.output[-5000:]
+    assert job.returncode == 0, job.output[-5000:]
+    assert re.search(r"^KILLING rank=3$", job.output, re.M)
+    assert "WARNING: elastic: ranks [3] of 4 died; 3 ranks go on" in job.output
+    for check in CHECKS:
+        assert job.passed(check, 3), (check, job.output[-5000:])
