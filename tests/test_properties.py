@@ -16,5 +16,5 @@ def test_random_shapes_and_dtypes_match_numpy_on_every_rank(np_, transport):
     results = run_mpi(np_, "property_cases:run", timeout=300,
                       env=dict(TRANSPORTS[transport], HVDLIKE_FUSION_THRESHOLD="64"))
     for rank, counts in enumerate(results):
-        for prop in ("allreduce", "allgather", "grouped_allreduce"):
+        for prop in ("allreduce", "allgather", "grouped_allreduce", "allreduce_nan_inf"):
             assert counts.get(prop, 0) >= 40, f"rank {rank} checked {prop} {counts.get(prop)} times"

@@ -64,10 +64,29 @@ def allreduce(comm: MPI.Comm, send: Optional[np.ndarray], recv: np.ndarray, op: 
                       True)
         return None
     sendbuf = MPI.IN_PLACE if send is None else send
-    if blocking:
-        comm.Allreduce(sendbuf, recv, _MPI_OPS[op])
+    if not blocking:
+        return comm.Iallreduce(sendbuf, recv, _MPI_OPS[op])
+    nan = _nan_mask(comm, recv if send is None else send, op)
+    comm.Allreduce(sendbuf, recv, _MPI_OPS[op])
+    if nan is not None:
+        recv[nan.reshape(recv.shape).view(bool)] = np.nan
+    return None
+
+
+def _nan_mask(comm: MPI.Comm, values: np.ndarray, op: ReduceOp) -> Optional[np.ndarray]:
+    """For a floating Min/Max: where any rank has a NaN (None when no rank has one).
+
+    MPI_MIN/MAX compare with ``<``, so a NaN survives or vanishes depending on the order the
+    ranks' values meet; NumPy, TensorFlow and the shared-memory transport return NaN wherever
+    an input is NaN. One tiny all-reduce says whether any rank has a NaN; only then do the
+    ranks all-reduce the mask."""
+    if op not in (ReduceOp.MIN, ReduceOp.MAX) or values.dtype.kind not in "fV":
         return None
-    return comm.Iallreduce(sendbuf, recv, _MPI_OPS[op])
+    mask = np.isnan(values).reshape(-1).view(np.uint8)
+    if not comm.allreduce(bool(mask.any()), op=MPI.LOR):
+        return None
+    comm.Allreduce(MPI.IN_PLACE, mask, MPI.MAX)
+    return mask
 
 
 def allgatherv(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: np.ndarray,

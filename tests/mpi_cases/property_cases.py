@@ -38,7 +38,8 @@ def _agree(ok: bool, what: str) -> None:
 
 def _same(got: np.ndarray, want: np.ndarray) -> bool:
     return (got.dtype == want.dtype and got.shape == want.shape
-            and np.array_equal(got.astype(np.float64), want.astype(np.float64)))
+            and np.array_equal(got.astype(np.float64), want.astype(np.float64),
+                               equal_nan=True))
 
 
 @SETTINGS
@@ -75,7 +76,24 @@ def grouped_allreduce_matches_numpy(shapes, dtypes, seed):
     _agree(len(got) == len(want) and all(map(_same, got, want)), "grouped_allreduce")
 
 
+FLOATS = st.sampled_from([str(d) for d in SUPPORTED if d.kind == "f" or str(d) == "bfloat16"])
+
+
+@SETTINGS
+@given(shape=SHAPES, dtype=FLOATS, op=st.sampled_from(["Sum", "Min", "Max"]),
+       seed=st.integers(0, 2**32 - 1))
+def allreduce_with_nan_and_inf_matches_numpy(shape, dtype, op, seed):
+    """NaN wherever any rank has one (Min and Max too, as in NumPy), inf - inf = NaN."""
+    n, rank = hvd.size(), hvd.rank()
+    special = np.array([np.nan, np.inf, -np.inf, 1.0, -2.0])
+    xs = [special[np.random.default_rng([seed, r]).integers(0, 5, shape)].astype(
+        _make(dtype, (), 0, 0).dtype) for r in range(n)]
+    got = hvd.allreduce(xs[rank], op=getattr(hvd, op))
+    _agree(_same(got, reference.reduce(xs, op)), "allreduce_nan_inf")
+
+
 def run() -> Dict[str, int]:
+    allreduce_with_nan_and_inf_matches_numpy()
     allreduce_matches_numpy()
     allgather_matches_numpy()
     grouped_allreduce_matches_numpy()
