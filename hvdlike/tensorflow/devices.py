@@ -31,6 +31,8 @@ def to_core(tensor: Any) -> Any:
         cp = gpu.cupy()
         cp.cuda.runtime.deviceSynchronize()  # TensorFlow's own stream has finished the tensor
         return cp.from_dlpack(tf.experimental.dlpack.to_dlpack(tf.convert_to_tensor(tensor)))
+    if tensor.shape.rank == 0:  # a 0-d bfloat16 tensor's __array__ gives NumPy a scalar
+        return np.array(tensor.numpy())
     return np.asarray(tensor)
 
 

@@ -66,27 +66,25 @@ def allreduce(comm: MPI.Comm, send: Optional[np.ndarray], recv: np.ndarray, op: 
     sendbuf = MPI.IN_PLACE if send is None else send
     if not blocking:
         return comm.Iallreduce(sendbuf, recv, _MPI_OPS[op])
-    nan = _nan_mask(comm, recv if send is None else send, op)
+    nan = _local_nans(comm, recv if send is None else send, op)
     comm.Allreduce(sendbuf, recv, _MPI_OPS[op])
     if nan is not None:
-        recv[nan.reshape(recv.shape).view(bool)] = np.nan
+        comm.Allreduce(MPI.IN_PLACE, nan, MPI.MAX)
+        recv.reshape(-1)[nan.view(bool)] = np.nan
     return None
 
 
-def _nan_mask(comm: MPI.Comm, values: np.ndarray, op: ReduceOp) -> Optional[np.ndarray]:
-    """For a floating Min/Max: where any rank has a NaN (None when no rank has one).
+def _local_nans(comm: MPI.Comm, values: np.ndarray, op: ReduceOp) -> Optional[np.ndarray]:
+    """For a floating Min/Max where some rank has a NaN: this rank's NaN mask (uint8, flat),
+    to be reduced with MAX like the values; None otherwise (the usual case).
 
     MPI_MIN/MAX compare with ``<``, so a NaN survives or vanishes depending on the order the
     ranks' values meet; NumPy, TensorFlow and the shared-memory transport return NaN wherever
-    an input is NaN. One tiny all-reduce says whether any rank has a NaN; only then do the
-    ranks all-reduce the mask."""
+    an input is NaN. One tiny all-reduce says whether any rank has a NaN."""
     if op not in (ReduceOp.MIN, ReduceOp.MAX) or values.dtype.kind not in "fV":
         return None
     mask = np.isnan(values).reshape(-1).view(np.uint8)
-    if not comm.allreduce(bool(mask.any()), op=MPI.LOR):
-        return None
-    comm.Allreduce(MPI.IN_PLACE, mask, MPI.MAX)
-    return mask
+    return mask if comm.allreduce(bool(mask.any()), op=MPI.LOR) else None
 
 
 def allgatherv(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: np.ndarray,
@@ -156,10 +154,15 @@ def reduce_scatter(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: n
                 comm.Reduce(block, recv[piece:piece + m] if r == me else None, _MPI_OPS[op],
                             root=r)
         return None
-    if blocking:
-        comm.Reduce_scatter(send, recv, counts, _MPI_OPS[op])
-        return None
-    return comm.Ireduce_scatter(send, recv, counts, _MPI_OPS[op])
+    if not blocking:
+        return comm.Ireduce_scatter(send, recv, counts, _MPI_OPS[op])
+    nan = _local_nans(comm, send, op)
+    comm.Reduce_scatter(send, recv, counts, _MPI_OPS[op])
+    if nan is not None:
+        mine = np.empty(recv.size, np.uint8)
+        comm.Reduce_scatter(nan, mine, counts, MPI.MAX)
+        recv.reshape(-1)[mine.view(bool)] = np.nan
+    return None
 
 
 def allgather_ints(comm: MPI.Comm, values: np.ndarray) -> np.ndarray:

@@ -90,6 +90,10 @@ def allreduce_with_nan_and_inf_matches_numpy(shape, dtype, op, seed):
         _make(dtype, (), 0, 0).dtype) for r in range(n)]
     got = hvd.allreduce(xs[rank], op=getattr(hvd, op))
     _agree(_same(got, reference.reduce(xs, op)), "allreduce_nan_inf")
+    if len(shape) > 0:
+        got = hvd.reducescatter(xs[rank], op=getattr(hvd, op))
+        want = reference.scatter_block(reference.reduce(xs, op), rank, n)
+        _agree(_same(got, want), "reducescatter_nan_inf")
 
 
 def run() -> Dict[str, int]:

@@ -1,0 +1,151 @@
+"""Hostile input to the TensorFlow API, eager and in ``tf.function``: Hypothesis draws a
+collective, a dtype, a shape (0-d and zero-size included), an op, a root and splits (valid,
+negative, oversized, of the wrong length), NaN and inf values. Every rank runs the same
+derandomized search in lockstep. Each call must give NumPy's answer or raise the documented
+error, and every rank must see the same outcome (gathered and compared each example); a hang
+is caught by the job's timeout. Then fixed cases: unpicklable objects, unregistered and
+removed process sets.
+"""
+import sys
+from pathlib import Path
+
+from common import check, close, hvd, np, tf  # noqa: F401
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the NumPy references
+import reference  # noqa: E402
+import hvdlike  # noqa: E402
+from hvdlike.dtypes import SUPPORTED  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis.extra.numpy import array_shapes  # noqa: E402
+
+r, n = hvd.rank(), hvd.size()
+SETTINGS = settings(max_examples=int(__import__("os").environ.get("HOSTILE_EXAMPLES", "60")),
+                    derandomize=True, database=None, deadline=None)
+DTYPES = [d for d in SUPPORTED]
+KINDS = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter"]
+OPS = ["Sum", "Average", "Min", "Max"]
+seen = {"ok": 0, "error": 0}
+
+
+def make(dtype, shape, seed, rank, special):
+    rng = np.random.default_rng([seed, rank])
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    if special and (dtype.kind == "f" or str(dtype) == "bfloat16"):
+        return np.array([np.nan, np.inf, -np.inf, 1.0, -3.0])[rng.integers(0, 5, shape)].astype(dtype)
+    return rng.integers(0 if dtype.kind == "u" else -4, 5, shape).astype(dtype)
+
+
+def expected(kind, xs, op, root, splits):
+    """(result, None) or (None, the documented error text) for this input."""
+    x0 = xs[0]
+    if kind != "allreduce" and kind != "broadcast" and x0.ndim == 0:
+        return None, "scalar"
+    if kind == "allreduce":
+        if x0.dtype == bool and op == "Average":
+            return None, "Average is not defined for bool"
+        return reference.reduce(xs, op), None
+    if kind == "allgather":
+        return np.concatenate(xs), None
+    if kind == "broadcast":
+        if not 0 <= root < n:
+            return None, f"root_rank {root} is not a rank"
+        return xs[root], None
+    if kind == "alltoall":
+        if splits is None:
+            if x0.shape[0] % n:
+                return None, "alltoall"
+            splits = [[x0.shape[0] // n] * n] * n
+        for s, x in zip(splits, xs):
+            if len(s) != n or min(s) < 0 or sum(s) != x.shape[0]:
+                return None, "alltoall splits must be"
+        return reference.alltoall(xs, splits, r), None
+    if x0.dtype == bool and op == "Average":
+        return None, "Average is not defined for bool"
+    return reference.scatter_block(reference.reduce(xs, op), r, n), None
+
+
+def call(kind, x, op, root, splits, compiled):
+    def fn(t):
+        if kind == "allreduce":
+            return hvd.allreduce(t, op=getattr(hvd, op))
+        if kind == "allgather":
+            return hvd.allgather(t)
+        if kind == "broadcast":
+            return hvd.broadcast(t, root_rank=root)
+        if kind == "alltoall":
+            return hvd.alltoall(t, splits=splits)[0] if splits is not None else hvd.alltoall(t)
+        return hvd.reducescatter(t, op=getattr(hvd, op))
+    t = tf.constant(x)
+    return (tf.function(fn, jit_compile=False) if compiled else fn)(t).numpy()
+
+
+SPLITS = st.sampled_from(["none", "valid", "negative", "oversized", "short"])
+
+
+@SETTINGS
+@given(kind=st.sampled_from(KINDS), dtype=st.sampled_from([str(d) for d in DTYPES]),
+       shape=array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4),
+       op=st.sampled_from(OPS), root=st.sampled_from([0, n - 1, -1, n, n + 5]),
+       splits=SPLITS, special=st.booleans(), compiled=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def hostile_call(kind, dtype, shape, op, root, splits, special, compiled, seed):
+    dt = next(d for d in DTYPES if str(d) == dtype)
+    xs = [make(dt, shape, seed, k, special) for k in range(n)]
+    split_of = None
+    if kind == "alltoall" and splits != "none" and xs[0].ndim > 0:
+        rows = xs[0].shape[0]
+        base = [rows // n] * n
+        base[-1] += rows - sum(base)
+        split_of = {"valid": base, "negative": [-1] + base[1:-1] + [base[-1] + 1] if n > 1
+                    else [-1], "oversized": [rows + 1] * n, "short": base[:-1]}[splits]
+    want, error = expected(kind, xs, op, root, None if split_of is None
+                           else [split_of] * n)
+    try:
+        got = call(kind, xs[r], op, root, split_of, compiled)
+        outcome = "ok" if error is None and got.dtype == want.dtype and got.shape == want.shape \
+            and np.array_equal(got.astype(np.float64), want.astype(np.float64),
+                               equal_nan=True) else f"wrong: {got!r} want {want!r} ({error})"
+    except (ValueError, TypeError, tf.errors.OpError) as e:
+        outcome = "error" if error is not None and error in str(e) else \
+            f"unexpected {type(e).__name__}: {str(e)[:300]} (wanted {error!r})"
+    everyone = hvdlike.allgather_object(outcome)
+    assert len(set(everyone)) == 1, f"ranks disagree: {everyone}"
+    assert outcome in ("ok", "error"), (kind, dtype, shape, op, root, split_of, compiled,
+                                        outcome)
+    seen[outcome] += 1
+
+
+@check("hostile_tensorflow_calls_give_numpy_or_the_documented_error_on_every_rank")
+def _():
+    hostile_call()
+    assert seen["ok"] >= 10 and seen["error"] >= 5, seen
+
+
+@check("unpicklable_object_and_bad_process_sets_raise_on_every_rank")
+def _():
+    for what, fn, text in [
+        ("unpicklable", lambda: hvd.broadcast_object(lambda: None, root_rank=0),
+         "cannot be pickled"),
+        ("unregistered", lambda: hvd.allreduce(tf.ones([2]), process_set=hvd.ProcessSet([0])),
+         "is not registered"),
+    ]:
+        try:
+            fn()
+            outcome = "no error"
+        except (ValueError, TypeError) as e:
+            outcome = "error" if text in str(e) else str(e)
+        assert hvdlike.allgather_object(outcome) == ["error"] * n, (what, outcome)
+    ps = hvd.add_process_set([0])
+    hvd.remove_process_set(ps)
+    for compiled in (False, True):
+        fn = lambda: hvd.allreduce(tf.ones([2]), process_set=ps)  # noqa: E731
+        try:
+            (tf.function(fn) if compiled else fn)()
+            outcome = "no error"
+        except (ValueError, tf.errors.OpError) as e:
+            outcome = "error" if "is not registered" in str(e) else str(e)
+        assert hvdlike.allgather_object(outcome) == ["error"] * n, ("removed", outcome)
+
+
+close()
