@@ -5,9 +5,11 @@ SIGKILL; the survivors must finish with the result of a reference that used the 
 from the last commit on. ``--restarts`` relaunches a failed job on any MPI.
 """
 import json
+import os
 import re
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,3 +133,47 @@ def test_a_job_that_keeps_failing_stops_after_its_restarts(tmp_path):
     assert len(re.findall(r"^KILLING rank=1", job.output, re.M)) == 3
     assert "restart 2 of 2" in job.output and "restart 3" not in job.output
     assert "RESULT" not in job.output
+
+
+MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.fixture
+def oom_cgroup():
+    """A cgroup v1 memory cgroup limited to 200 MiB: a rank that joins it and allocates is
+    killed by the kernel's OOM killer, as on a node that runs out of memory."""
+    if os.geteuid() != 0 or not (MEMORY_CGROUPS / "memory.limit_in_bytes").exists():
+        pytest.skip("an out-of-memory kill needs root and the cgroup v1 memory controller "
+                    f"at {MEMORY_CGROUPS}")
+    path = MEMORY_CGROUPS / f"hvdlike-test-oom-{os.getpid()}"
+    path.mkdir()
+    try:
+        (path / "memory.limit_in_bytes").write_text(str(200 << 20))
+        yield path
+    finally:
+        for _ in range(50):  # the killed rank leaves the cgroup once it is reaped
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+@pytest.mark.parametrize("elastic", [False, True], ids=["plain", "elastic"])
+def test_an_out_of_memory_kill_of_one_rank(oom_cgroup, elastic):
+    """Plain: the job ends within 10 s naming the rank. Elastic: the survivors finish."""
+    job, ended = _run(4, "oom", 2, ["--elastic"] if elastic else [],
+                      env={"HVDLIKE_TEST_OOM_CGROUP": str(oom_cgroup)})
+    assert "oom_kill 1" in (oom_cgroup / "memory.oom_control").read_text()
+    if not elastic:
+        assert job.returncode != 0 and "RESULT" not in job.output
+        assert re.search(r"process rank 2 with PID \d+ on node \S+ exited on\s+signal 9",
+                         job.output), job.output[-3000:]
+        assert ended - _killed_at(job.output) <= 10
+        return
+    assert job.returncode == 0, job.output[-4000:]
+    sizes = [4] * KILL_STEP + [3] * (STEPS - KILL_STEP)
+    results = _results(job.output)
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    for r in results:
+        np.testing.assert_allclose(r["w"], _reference(sizes), rtol=1e-12, atol=1e-12)

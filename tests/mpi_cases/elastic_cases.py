@@ -8,7 +8,10 @@ and prints ``RESULT`` with its final state. ``VICTIM`` kills itself with SIGKILL
 - ``before``: before submitting that step's all-reduce;
 - ``during``: right after submitting it (the others may be inside the transfer);
 - ``plain``: ``before``, and the script does not use ``hvdlike.elastic.run``;
-- ``always``: ``before``, in every run of a restarted job.
+- ``always``: ``before``, in every run of a restarted job;
+- ``oom``: before that step's all-reduce the victim joins the memory cgroup named by
+  ``HVDLIKE_TEST_OOM_CGROUP`` (cgroup v1, made by the test with a small limit) and allocates
+  until the kernel's OOM killer kills it.
 """
 import json
 import os
@@ -33,6 +36,15 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def run_out_of_memory() -> None:
+    with open(os.path.join(os.environ["HVDLIKE_TEST_OOM_CGROUP"], "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    print(f"KILLING rank={hvd.rank()} at {time.time()}", flush=True)
+    hog = []
+    while True:  # touch every page, 64 MiB at a time, until the OOM killer ends us
+        hog.append(np.ones(8 << 20))
+
+
 def main() -> None:
     mode, victim, kill_step, steps = sys.argv[1], *map(int, sys.argv[2:5])
     hvd.init()
@@ -46,6 +58,8 @@ def main() -> None:
         while state.step < steps:
             dying = (hvd.size() == first_size and (first_run or mode == "always")
                      and hvd.rank() == victim and state.step == kill_step)
+            if dying and mode == "oom":
+                run_out_of_memory()
             if dying and mode in ("before", "plain", "always"):
                 die()
             g = gradient(hvd.rank(), hvd.size(), state.step)

@@ -24,3 +24,17 @@ def test_elastic_fit_survives_a_killed_rank_and_matches_the_reference(legacy):
     assert "WARNING: elastic: ranks [3] of 4 died; 3 ranks go on" in job.output
     for check in CHECKS:
         assert job.passed(check, 3), (check, job.output[-5000:])
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_an_exception_on_one_rank_in_fit_ends_the_job_naming_it(np_):
+    import time
+    job = launch(np_, [sys.executable, str(TESTS / "tf" / "workers" / "fit_exception.py")],
+                 timeout=180)
+    ended = time.time()
+    assert not job.timed_out, job.output[-5000:]
+    assert job.returncode != 0 and "FINISHED" not in job.output
+    assert "RuntimeError: rank 1 fails in the middle of fit" in job.output
+    assert f"hvdlike: rank 1 of {np_} raised an uncaught RuntimeError" in job.output
+    raised = float(re.search(r"^RAISING at (\S+)$", job.output, re.M).group(1))
+    assert ended - raised <= 10
