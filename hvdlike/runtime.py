@@ -219,9 +219,12 @@ def shrink_after_failure(min_size: int = 1) -> List[int]:
     error = st.engine.failure
     if error is None:
         raise RuntimeError("hvdlike: no ranks have failed; there is nothing to recover from")
+    log.logger.debug("elastic: stopping the failed engine")
     st.engine.stop()
     timeline.stop_timeline()
+    log.logger.debug("elastic: shrinking the world")
     survivors = st.world.Shrink()
+    log.logger.debug(f"elastic: shrunk to {survivors.Get_size()} ranks; starting hvdlike on them")
     _ps._drop_all()
     if st.previous_excepthook is not None:
         sys.excepthook = st.previous_excepthook

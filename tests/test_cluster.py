@@ -142,3 +142,41 @@ def test_bench_train_runs_across_two_test_hosts(tmp_path):
     (r,) = json.loads((tmp_path / "bench_train.json").read_text())
     assert r["np"] == 2 and r["allreduce_alone_s"] > 0 and "hidden_fraction" in r
     assert "1gbit links between test hosts" in p.stdout
+
+
+@pytest.mark.parametrize("ulfm", [False, True], ids=["plain", "elastic"])
+def test_a_rank_killed_on_host_b(cluster, ulfm):
+    """2 hosts x 2 ranks, rank 3 (host B) SIGKILLs itself before an all-reduce. Plain: the
+    job ends on host A within 10 s, naming rank 3 or host B (Open MPI names whichever it
+    noticed first: the dead process, or the peer host whose TCP connection dropped).
+    Elastic (ULFM): the three survivors on both hosts finish with the result of the same
+    ranks from the last commit on."""
+    import time
+    from mpi_harness import launch
+    from test_elastic import KILL_STEP, STEPS, _killed_at, _reference, _results
+    mpirun = str(Path(sys.executable).parent / "mpirun")
+    extra = ["-x", "PYTHONPATH", "-x", "OMPI_MCA_osc"] + (["--with-ft", "ulfm"] if ulfm else [])
+    program = [sys.executable, str(REPO / "tests/mpi_cases/elastic_cases.py"),
+               "before" if ulfm else "plain", "3", str(KILL_STEP), str(STEPS)]
+    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_osc": "^ucx", "PYTHONPATH": str(REPO),
+           "HVDLIKE_LOG_LEVEL": os.environ.get("HVDLIKE_LOG_LEVEL", "warning")}
+    extra += ["-x", "HVDLIKE_LOG_LEVEL"]
+    job = launch(4, program, timeout=60, env=env, launcher=lambda argv: cluster.command_on(
+        0, cluster.mpirun_argv(mpirun, [2, 2], argv, extra)))
+    ended = time.time()
+    assert not job.timed_out, job.output[-5000:]
+    if not ulfm:
+        assert job.returncode != 0 and "RESULT" not in job.output
+        assert ("process rank 3 with PID" in job.output
+                or f"Peer host:  {cluster.names[1]}" in job.output), job.output[-3000:]
+        assert ended - _killed_at(job.output) <= 10
+        return
+    assert job.returncode == 0, job.output[-4000:]
+    results = _results(job.output)
+    assert [r["rank"] for r in results] == [0, 1, 2], job.output[-4000:]
+    sizes = [4] * KILL_STEP + [3] * (STEPS - KILL_STEP)
+    for r in results:
+        assert r["sizes"] == sizes
+        np.testing.assert_allclose(r["w"], _reference(sizes), rtol=1e-12, atol=1e-12)
+    assert "WARNING: elastic: ranks [3] of 4 died; 3 ranks go on" in job.output

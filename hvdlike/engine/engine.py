@@ -202,7 +202,7 @@ class Engine:
         try:
             self._negotiate_and_run()
         except BaseException as exc:
-            if _is_process_failure(exc):
+            if _is_process_failure(exc, self._ctrl):
                 self._fail(exc)
                 return
             # A failure here (not in a collective's data: those go to their handles) leaves
@@ -261,6 +261,9 @@ class Engine:
                     if now >= check:  # no answer from some rank for a long time
                         warned = self._stall.exchange_waited(now - start, warned)
                         check = now + self._stall.interval
+                    if _comm_failed(self._ctrl):  # ULFM: a rank died; do not wait on
+                        from mpi4py import MPI
+                        raise MPIException(MPI.ERR_PROC_FAILED)
                 break
         return rows
 
@@ -394,7 +397,7 @@ class Engine:
         try:
             run()
         except Exception as exc:  # noqa: BLE001 - handed to the caller, raised there
-            if _is_process_failure(exc):
+            if _is_process_failure(exc, self._ctrl):
                 raise  # the whole engine fails, with every request in it (_fail)
             for work in works:
                 handle = getattr(work.done, "__self__", None)
@@ -458,6 +461,9 @@ class Engine:
             self.failure = error
             self._stopping = True
         self.stopped = True
+        from ..log import logger
+        logger.debug(f"engine: failed ({exc}); revoked every communicator; failed ranks "
+                     f"known here: {failed}")
         for entry in self._take_all():
             entry.handle._complete(None, error)
         for work in self._in_flight:
@@ -471,14 +477,29 @@ def _discard(result: Any) -> None:
     return None
 
 
-def _is_process_failure(exc: BaseException) -> bool:
-    """True for MPI's ULFM errors: a rank died, or a peer revoked the communicator."""
+def _is_process_failure(exc: BaseException, comm: Any) -> bool:
+    """True for an MPI error that comes from a dead rank (ULFM): its own error classes, or
+    any MPI error once ``comm`` knows of a failure (Open MPI's non-blocking collectives may
+    report one as MPI_ERR_OTHER)."""
     if not isinstance(exc, MPIException):
         return False
     from mpi4py import MPI
     codes = {getattr(MPI, n, None) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING",
                                              "ERR_REVOKED")} - {None}
-    return exc.Get_error_class() in codes
+    return exc.Get_error_class() in codes or _comm_failed(comm)
+
+
+def _comm_failed(comm: Any) -> bool:
+    """Whether ``comm`` is revoked or knows of a dead member (local, about 0.3 µs)."""
+    try:
+        if comm.Is_revoked():
+            return True
+        group = comm.Get_failed()
+        failed = group.Get_size() > 0
+        group.Free()
+        return failed
+    except (MPIException, NotImplementedError, AttributeError):
+        return False
 
 
 def _failed_ranks(comm: Any) -> List[int]:
