@@ -164,18 +164,34 @@ def _install_abort_hook(st: _State) -> None:
             # Raised on every rank of a collective; the set's first rank prints it and aborts.
             # Abort here too after a grace period, in case that rank is not going to.
             time.sleep(_QUIET_ABORT_DELAY)
+            _exit_soon()
             world.Abort(1)
         previous(etype, value, tb)
         sys.stderr.write(
             f"hvdlike: rank {st.rank} of {st.size} raised an uncaught {etype.__name__}; "
-            "aborting the whole job with MPI_Abort so the other ranks do not hang "
+            "ending the whole job (MPI_Abort) so the other ranks do not hang "
             "(opt out: hvdlike.init(abort_on_exception=False) or HVDLIKE_ABORT_ON_EXCEPTION=0)\n")
         sys.stderr.flush()
         sys.stdout.flush()
+        if st.engine is not None and st.engine.failure is not None:
+            # Ranks died under ULFM: the launcher survives deaths, and Open MPI 5's prterun
+            # deadlocked now and then when the survivors called MPI_Abort. Every survivor's
+            # collectives fail the same way, so each exits, and the job ends with them.
+            os._exit(1)
+        _exit_soon()
         world.Abort(1)
 
     st.previous_excepthook = previous
     sys.excepthook = abort_job
+
+
+def _exit_soon(seconds: float = 3.0) -> None:
+    """Exit with status 1 after ``seconds`` in case MPI_Abort does not end this process (seen
+    under ULFM once ranks have died: the launcher then ends the job when every rank is gone)."""
+    import threading
+    timer = threading.Timer(seconds, os._exit, [1])
+    timer.daemon = True
+    timer.start()
 
 
 def shutdown() -> None:

@@ -157,6 +157,8 @@ class Engine:
         self._thread.join()
         execute_gpu.reset()
         if self.failure is not None:  # the communicators are revoked: nothing to free together
+            if self._gather is not None:
+                self._gather.Free()
             return
         if self._gather is not None:
             self._gather.Free()
@@ -449,6 +451,11 @@ class Engine:
                 ps._comm for ps in _ps._registry.values() if ps._comm is not None]:
             try:
                 comm.Revoke()
+            except MPIException:
+                pass
+        if self._gather is not None:  # end the exchange in flight (the revoke fails it), so
+            try:                      # that MPI_Finalize has nothing left to wait for
+                self._gather.Wait()
             except MPIException:
                 pass
         failed = _failed_ranks(self._ctrl)  # [] where a peer's revoke told this rank first
