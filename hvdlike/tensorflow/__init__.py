@@ -29,5 +29,6 @@ from hvdlike.tensorflow.data import shard_dataset  # noqa: F401
 from hvdlike.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 from hvdlike.tensorflow.tf_config_emulation import tf_config, export_tf_config  # noqa: F401
 from hvdlike.tensorflow.strategy import MPIStrategy, MPICrossDeviceOps  # noqa: F401
+from hvdlike.tensorflow.parameter_server import ParameterServerTraining  # noqa: F401
 
 from hvdlike.tensorflow import elastic  # noqa: F401,E402

@@ -120,7 +120,7 @@ def _format_host(address):
 def export_tf_config(chief: bool = False, evaluator: bool = False,
                      roles: Optional[Sequence[str]] = None, host: Optional[str] = None,
                      port: int = 0, process_set: _core.ProcessSet = _core.global_process_set,
-                     overwrite: bool = False) -> Dict[str, Any]:
+                     overwrite: bool = False, num_ps: int = 0) -> Dict[str, Any]:
     """Compute :func:`tf_config` and store it as JSON in ``os.environ["TF_CONFIG"]``.
 
     Call it on every rank before the first TensorFlow operation runs (at least before the
@@ -128,9 +128,25 @@ def export_tf_config(chief: bool = False, evaluator: bool = False,
     runtime at start-up).  An existing ``TF_CONFIG`` is kept unless ``overwrite=True``
     (every rank must then agree, or the call would not be collective): returns the dict
     in effect.
+
+    ``num_ps`` > 0: a ParameterServerStrategy cluster: rank 0 is the ``chief``, ranks
+    1..num_ps the ``ps`` tasks, the rest ``worker`` tasks. On ps and worker ranks this call
+    then starts their ``tf.distribute.Server`` and does not return: it serves until the
+    chief's script ends, then exits the process with status 0. Only the chief goes on to
+    build the strategy and the ``ClusterCoordinator``.
     """
     if not _core.is_initialized():
         _core.init()
+    if num_ps:
+        size = process_set.size()
+        if roles is not None or chief or evaluator:
+            raise ValueError("hvdlike.tensorflow.export_tf_config: give num_ps or roles/chief/"
+                             "evaluator, not both")
+        if not 1 <= int(num_ps) <= size - 2:
+            raise ValueError(f"hvdlike.tensorflow.export_tf_config: num_ps={num_ps} needs "
+                             f"1..{max(0, size - 2)} on {size} ranks (one chief and at least "
+                             "one worker besides the ps tasks)")
+        roles = ["chief"] + ["ps"] * int(num_ps) + ["worker"] * (size - 1 - int(num_ps))
     existing = os.environ.get("TF_CONFIG")
     keep = bool(existing) and not overwrite
     keep_all = _core.allgather_object(keep, process_set=process_set)
@@ -143,4 +159,32 @@ def export_tf_config(chief: bool = False, evaluator: bool = False,
     config = tf_config(chief=chief, evaluator=evaluator, roles=roles, host=host, port=port,
                        process_set=process_set)
     os.environ["TF_CONFIG"] = json.dumps(config)
+    if num_ps:
+        _serve_until_chief_done(config, process_set)
     return config
+
+
+def _serve_until_chief_done(config: Dict[str, Any], process_set: _core.ProcessSet) -> None:
+    """ps and worker ranks: run the TensorFlow server until the chief's script ends, then
+    leave (collectively, with hvdlike's shutdown) and exit 0. The chief returns at once."""
+    import atexit
+    import sys
+    import time
+    from hvdlike import runtime
+    done = runtime.state("export_tf_config").world.Dup()  # the chief's "finished" barrier
+    task = config["task"]
+    if task["type"] == "chief":
+        atexit.register(lambda: done.Ibarrier().Wait())
+        return
+    import tensorflow as tf
+    tf.distribute.Server(tf.train.ClusterSpec(config["cluster"]), job_name=task["type"],
+                         task_index=task["index"], protocol="grpc", start=True)
+    request = done.Ibarrier()
+    while not request.Test():  # sleep, not spin: the chief and the servers need the cores
+        time.sleep(0.05)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _core.shutdown()
+    from mpi4py import MPI
+    MPI.Finalize()  # with the chief's, so that the launcher sees a clean end
+    os._exit(0)  # TensorFlow's servers cannot be stopped; their threads would keep us alive

@@ -1,0 +1,399 @@
+"""Asynchronous parameter-server training over MPI, for Keras 3 ``fit``, tf_keras and custom
+loops (Keras 3 has no parameter-server training of its own)::
+
+    import hvdlike.tensorflow as hvd
+    hvd.init()
+    model = make_model()                                      # same model on every rank
+    ps = hvd.ParameterServerTraining(model, keras.optimizers.SGD(0.1), num_servers=1)
+    model.compile(optimizer=ps.optimizer, loss="sparse_categorical_crossentropy")
+    ps.run(lambda: model.fit(dataset.shard(ps.num_workers, ps.worker_index).repeat(),
+                             steps_per_epoch=100, epochs=5, callbacks=[ps.callback()]))
+    # here every rank holds the final weights
+
+Roles: the last ``num_servers`` ranks are servers, the others workers (worker i is rank i, so
+rank 0 trains and logs as usual). The trainable variables are sharded over the servers by
+bytes (largest first, each to the least loaded server). Each worker step computes gradients
+on the worker's own batch, pushes each server its shard's gradients and receives that
+shard's current weights back; a server applies each push with the user's optimizer as it
+arrives, with no barrier between workers, so a slow worker holds nobody back.
+
+``max_staleness`` s bounds how far workers drift apart (stale synchronous parallel): a
+worker that has pushed k steps gets the weights for its next step only once every worker
+still training has pushed at least k - s steps. ``None``: no bound. ``0``: synchronous:
+each server waits for one push from every worker, averages them and applies them once,
+which is exactly ``DistributedOptimizer`` over the workers. With s > 0 each push is applied
+on its own, scaled by 1/num_workers, so that one push from every worker moves the weights
+as far as one synchronous step of the global batch.
+
+``total_steps``: the servers apply this many pushes, counted over all workers, then answer
+every further push with "stop" (``ps.callback()`` ends ``fit``; custom loops read
+``ps.should_stop``); fast workers simply do more of them. ``compression``: pushed gradients
+travel as float16 or bfloat16 (``hvd.Compression``); weights come back in float32.
+``checkpoint_dir``: each server writes its shard and its optimizer's state there every
+``checkpoint_every`` applied updates and at the end (atomically, under a temporary name), and
+a new job with the same directory starts from them (e.g. under ``hvdlikerun --restarts``).
+
+Transport: MPI point-to-point (``Isend``/``Recv``) on host buffers, on a communicator of its
+own. Two-sided messages suit a server that must run an optimizer on every arrival: MPI's
+one-sided accumulate cannot run a user's optimizer, and passive-target RMA over TCP only
+progresses when the target calls into MPI anyway. Non-trainable variables (e.g. batch-norm
+statistics) stay on each worker; ``run`` ends by giving every rank the servers' weights and
+worker 0's non-trainable ones.
+"""
+import os
+import pickle
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+import hvdlike as _core
+from hvdlike import runtime
+from hvdlike.elastic import _write_atomically
+from hvdlike.tensorflow import compat
+from hvdlike.tensorflow.compression import Compression
+
+_HEADER, _PAYLOAD, _REPLY = 11, 12, 13  # message tags
+_PUSH, _DONE = 1, 2  # header kinds
+
+
+class ParameterServerTraining:
+    """Asynchronous parameter-server training of ``model`` with ``optimizer`` (see the module
+    docstring). Collective: every rank builds the same model and calls this with the same
+    arguments; rank 0's initial weights go to every rank."""
+
+    def __init__(self, model: Any, optimizer: Any, num_servers: int = 1,
+                 max_staleness: Optional[int] = None, compression: Any = Compression.none,
+                 total_steps: Optional[int] = None, checkpoint_dir: Optional[str] = None,
+                 checkpoint_every: int = 100) -> None:
+        st = runtime.state("hvdlike.tensorflow.ParameterServerTraining")
+        size = st.size
+        if not 1 <= int(num_servers) < size:
+            raise ValueError(f"ParameterServerTraining: num_servers must lie in 1..{size - 1} "
+                             f"(at least one rank must be a worker), got {num_servers}; run "
+                             "with more ranks (e.g. hvdlikerun -np 3 for 1 server + 2 workers)")
+        if max_staleness is not None and int(max_staleness) < 0:
+            raise ValueError(f"ParameterServerTraining: max_staleness must be None or >= 0, "
+                             f"got {max_staleness}")
+        if compression not in (Compression.none, Compression.fp16, Compression.bf16):
+            raise ValueError("ParameterServerTraining: compression must be Compression.none, "
+                             f".fp16 or .bf16, got {compression!r}")
+        variables = list(model.trainable_variables)
+        if not variables:
+            raise ValueError("ParameterServerTraining: the model has no trainable variables; "
+                             "build it first (keras.Input(...) as its first layer, or call it "
+                             "on a batch)")
+        self.model, self.variables = model, variables
+        self.num_servers = int(num_servers)
+        self.servers = list(range(size - self.num_servers, size))
+        self.num_workers = size - self.num_servers
+        self.rank = st.rank
+        self.is_server = self.rank in self.servers
+        self.worker_index = -1 if self.is_server else self.rank
+        self.max_staleness = None if max_staleness is None else int(max_staleness)
+        self.total_steps = None if total_steps is None else int(total_steps)
+        self.checkpoint_dir, self.checkpoint_every = checkpoint_dir, int(checkpoint_every)
+        self._wire = {Compression.none: np.float32, Compression.fp16: np.float16,
+                      Compression.bf16: tf.bfloat16.as_numpy_dtype}[compression]
+        self._shards = _shard_by_bytes(variables, self.num_servers)
+        self._sizes = [int(np.prod(v.shape)) for v in variables]
+        self.should_stop = False
+        self.stats: Dict[str, Any] = {}
+        self._server_optimizer = optimizer
+        self._comm = st.world.Dup()
+        from hvdlike.tensorflow.functions import broadcast_variables
+        broadcast_variables(model.variables, root_rank=0)
+        if self.is_server:
+            self._shard = self._shards[self.servers.index(self.rank)]
+            self._load_checkpoint()
+        self.optimizer = _worker_optimizer(optimizer, self)
+
+    # ------------------------------------------------------------------ every rank
+
+    def run(self, train: Callable[[], Any]) -> Any:
+        """Workers call ``train()`` (e.g. ``model.fit``), servers serve until every worker is
+        done; then every rank gets the final weights. Collective. Returns ``train()``'s result
+        on workers, None on servers."""
+        result = None
+        if self.is_server:
+            self.serve()
+        else:
+            try:
+                result = train()
+            finally:
+                self._send_done()
+        self._gather_final_weights()
+        return result
+
+    def callback(self) -> Any:
+        """A Keras callback that ends ``fit`` once the servers have applied ``total_steps``."""
+        trainer = self
+
+        class StopWhenServersSaySo(compat.keras().callbacks.Callback):
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                if trainer.should_stop:
+                    self.model.stop_training = True
+
+        return StopWhenServersSaySo()
+
+    # ------------------------------------------------------------------ workers
+
+    def push_and_pull(self, grads: List[np.ndarray]) -> List[np.ndarray]:
+        """One worker step: push the gradients (one array per trainable variable, in
+        ``model.trainable_variables`` order) and return the new weights, once the staleness
+        bound lets this worker go on."""
+        requests = []
+        for server, shard in zip(self.servers, self._shards):
+            payload = np.concatenate([np.asarray(grads[i], np.float32).reshape(-1)
+                                      for i in shard]).astype(self._wire)
+            header = np.array([_PUSH, 0], np.int64)
+            requests.append(self._comm.Isend(header, dest=server, tag=_HEADER))
+            requests.append(self._comm.Isend(_bytes(payload), dest=server, tag=_PAYLOAD))
+        out: List[Any] = [None] * len(grads)
+        for server, shard in zip(self.servers, self._shards):
+            reply = np.empty(sum(self._sizes[i] for i in shard) + 1, np.float32)
+            _wait(self._comm.Irecv(reply, source=server, tag=_REPLY))
+            if reply[-1]:
+                self.should_stop = True
+            at = 0
+            for i in shard:
+                out[i] = reply[at:at + self._sizes[i]].reshape(self.variables[i].shape)
+                at += self._sizes[i]
+        for request in requests:
+            request.Wait()
+        return out
+
+    def _send_done(self) -> None:
+        for server in self.servers:
+            self._comm.Send(np.array([_DONE, 0], np.int64), dest=server, tag=_HEADER)
+
+    # ------------------------------------------------------------------ servers
+
+    def serve(self) -> None:
+        """Apply pushes until every worker is done (servers only)."""
+        shard_vars = [self.variables[i] for i in self._shard]
+        n = sum(self._sizes[i] for i in self._shard)
+        wire = np.empty(n, self._wire)
+        active = set(range(self.num_workers))
+        pushes = {w: 0 for w in active}
+        waiting: List[int] = []  # workers whose reply the staleness bound holds back
+        summed, summed_from = np.zeros(n, np.float32), []  # max_staleness=0: this step's
+        staleness, drift, applied, discarded, start = [], [], 0, 0, time.perf_counter()
+        sent: Dict[int, np.ndarray] = {}  # the weights each worker got last
+        lead = 0  # the most pushes a worker was ahead of the slowest when it got its reply
+        version = self.stats.get("updates", 0)
+        last_version = {w: version for w in active}
+        header = np.empty(2, np.int64)
+        status = _core_mpi().Status()
+        while active:
+            _wait(self._comm.Irecv(header, source=_core_mpi().ANY_SOURCE, tag=_HEADER), status)
+            worker = status.Get_source()
+            if header[0] == _DONE:
+                active.discard(worker)
+            else:
+                self._comm.Recv(_bytes(wire), source=worker, tag=_PAYLOAD)
+                pushes[worker] += 1
+                grad = wire.astype(np.float32)
+                if self.total_steps is not None and self._pushes_applied >= self.total_steps:
+                    discarded += 1
+                    self._reply(worker, stop=True)
+                    continue
+                self._pushes_applied += 1
+                staleness.append(version - last_version[worker])
+                if worker in sent and version != last_version[worker]:
+                    now = self._shard_weights()
+                    drift.append(float(np.linalg.norm(now - sent[worker])
+                                       / max(np.linalg.norm(now), 1e-30)))
+                else:
+                    drift.append(0.0)
+                if self.max_staleness == 0:
+                    summed += grad
+                    summed_from.append(worker)
+                else:
+                    self._apply(shard_vars, grad / self.num_workers)
+                    version += 1
+                    applied += 1
+                    waiting.append(worker)
+            if self.max_staleness == 0 and summed_from and set(summed_from) >= active:
+                self._apply(shard_vars, summed / len(summed_from))
+                version += 1
+                applied += 1
+                waiting, summed_from = summed_from, []
+                summed[:] = 0
+            if applied and self.checkpoint_dir and applied % self.checkpoint_every == 0:
+                self._save_checkpoint(version)
+            slowest = min((pushes[w] for w in active), default=0)
+            still = []
+            for w in waiting:
+                if (self.max_staleness in (None, 0) or w not in active
+                        or pushes[w] - slowest <= self.max_staleness):
+                    last_version[w] = version
+                    if w in active:
+                        lead = max(lead, pushes[w] - slowest)
+                    sent[w] = self._reply(w, stop=self.total_steps is not None
+                                          and self._pushes_applied >= self.total_steps)
+                else:
+                    still.append(w)
+            waiting = still
+        self.stats = {"updates": version, "pushes": pushes, "discarded": discarded,
+                      "mean_staleness": float(np.mean(staleness)) if staleness else 0.0,
+                      "max_staleness": int(max(staleness)) if staleness else 0,
+                      "max_lead": lead,
+                      "mean_drift": float(np.mean(drift)) if drift else 0.0,
+                      "seconds": time.perf_counter() - start}
+        if self.checkpoint_dir:
+            self._save_checkpoint(version)
+
+    _pushes_applied = 0
+    _apply_fn: Any = None
+
+    def _shard_weights(self) -> np.ndarray:
+        return np.concatenate([np.asarray(self.variables[i].numpy(), np.float32).reshape(-1)
+                               for i in self._shard])
+
+    def _reply(self, worker: int, stop: bool) -> np.ndarray:
+        """Send ``worker`` this shard's weights (and whether to stop); returns the weights."""
+        weights = self._shard_weights()
+        self._comm.Send(np.concatenate([weights, np.array([1.0 if stop else 0.0], np.float32)]),
+                        dest=worker, tag=_REPLY)
+        return weights
+
+    def _apply(self, shard_vars: List[Any], flat: np.ndarray) -> None:
+        if self._apply_fn is None:  # traced once: eager apply_gradients costs milliseconds
+            optimizer = self._server_optimizer
+
+            @tf.function
+            def apply(grads: List[tf.Tensor]) -> None:
+                optimizer.apply_gradients(zip(grads, shard_vars))
+
+            self._apply_fn = apply
+        grads, at = [], 0
+        for v, i in zip(shard_vars, self._shard):
+            grads.append(tf.constant(flat[at:at + self._sizes[i]].reshape(v.shape),
+                                     dtype=v.dtype))
+            at += self._sizes[i]
+        self._apply_fn(grads)
+
+    def _checkpoint_path(self) -> str:
+        index = self.servers.index(self.rank)
+        return os.path.join(self.checkpoint_dir or "", f"ps_shard{index}_of{self.num_servers}.pkl")
+
+    def _save_checkpoint(self, version: int) -> None:
+        snapshot = {"weights": [self.variables[i].numpy() for i in self._shard],
+                    "optimizer": [v.numpy() for v in _variables_of(self._server_optimizer)],
+                    "updates": version, "pushes_applied": self._pushes_applied}
+        _write_atomically(self._checkpoint_path(), snapshot)
+
+    def _load_checkpoint(self) -> None:
+        if not self.checkpoint_dir or not os.path.exists(self._checkpoint_path()):
+            return
+        with open(self._checkpoint_path(), "rb") as f:
+            snapshot = pickle.load(f)  # written by this job's server (docs/security.md)
+        shard_vars = [self.variables[i] for i in self._shard]
+        for v, value in zip(shard_vars, snapshot["weights"]):
+            v.assign(value)
+        if snapshot["optimizer"]:
+            self._server_optimizer.build(shard_vars)
+            for v, value in zip(_variables_of(self._server_optimizer), snapshot["optimizer"]):
+                v.assign(value)
+        self.stats["updates"] = snapshot["updates"]
+        self._pushes_applied = snapshot["pushes_applied"]
+
+    # ------------------------------------------------------------------ the end
+
+    def _gather_final_weights(self) -> None:
+        """Every rank takes each server's shard, and worker 0's non-trainable variables."""
+        from hvdlike.tensorflow.functions import broadcast_variables
+        for server, shard in zip(self.servers, self._shards):
+            broadcast_variables([self.variables[i] for i in shard], root_rank=server)
+        others = [v for v in self.model.variables if not v.trainable]
+        if others:
+            broadcast_variables(others, root_rank=0)
+        self.stats = _core.broadcast_object(self.stats if self.rank == self.servers[0] else None,
+                                            root_rank=self.servers[0])
+        self.should_stop = False
+
+
+def _core_mpi() -> Any:
+    return runtime.state().mpi
+
+
+def _wait(request: Any, status: Any = None) -> None:
+    """Wait for ``request``, sleeping rather than spinning after the first 50 µs: a server
+    and its workers often share cores, and MPI's blocking receive polls a whole core."""
+    start = time.perf_counter()
+    sleep = 20e-6
+    while not request.Test(status):
+        if time.perf_counter() - start > 50e-6:
+            time.sleep(sleep)
+            sleep = min(2 * sleep, 1e-3)
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+def _variables_of(optimizer: Any) -> List[Any]:
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def _shard_by_bytes(variables: List[Any], num_servers: int) -> List[List[int]]:
+    """Variable indices per server: largest first, each to the least loaded server; each
+    server's list in the model's order."""
+    load = [0] * num_servers
+    shards: List[List[int]] = [[] for _ in range(num_servers)]
+    nbytes = [int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables]
+    for i in sorted(range(len(variables)), key=lambda i: -nbytes[i]):
+        target = load.index(min(load))
+        shards[target].append(i)
+        load[target] += nbytes[i]
+    return [sorted(s) for s in shards]
+
+
+def _worker_optimizer(optimizer: Any, trainer: ParameterServerTraining) -> Any:
+    """A subclass of ``type(optimizer)`` whose update pushes the gradients to the servers and
+    assigns the weights they send back."""
+    base = type(optimizer)
+    mixin = _LegacyPush if compat.use_legacy_keras() else _Keras3Push
+    cls = type(base.__name__, (mixin, base), {"_hvd_trainer": trainer})
+    cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
+    return cls.from_config(optimizer.get_config())
+
+
+class _PushMixin:
+    _hvd_trainer: ParameterServerTraining
+
+    def _hvd_push(self, grads: List[Any], variables: List[Any]) -> None:
+        trainer = self._hvd_trainer
+        if [id(v) for v in variables] != [id(v) for v in trainer.variables]:
+            order = {id(v): i for i, v in enumerate(variables)}
+            missing = [v.name for v in trainer.variables if id(v) not in order]
+            raise ValueError("ParameterServerTraining: the optimizer must update exactly the "
+                             f"model's trainable variables, in order (missing: {missing[:5]})")
+        dense = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                 for g, v in zip(grads, variables)]
+
+        def exchange(*arrays: np.ndarray) -> List[np.ndarray]:
+            return trainer.push_and_pull(list(arrays))
+
+        new = tf.numpy_function(exchange, dense, [tf.float32] * len(dense), stateful=True,
+                                name="HvdlikePushPull")
+        for v, value in zip(variables, new):
+            v.assign(tf.cast(tf.reshape(value, v.shape), v.dtype))
+        self.iterations.assign_add(1)
+
+
+class _Keras3Push(_PushMixin):
+    def apply(self, grads: Any, trainable_variables: Any = None) -> None:
+        variables = list(trainable_variables if trainable_variables is not None
+                          else self._hvd_trainer.variables)
+        self._hvd_push(list(grads), variables)
+
+
+class _LegacyPush(_PushMixin):
+    def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
+        pairs = list(grads_and_vars)
+        self._hvd_push([g for g, _ in pairs], [v for _, v in pairs])
+        return self.iterations

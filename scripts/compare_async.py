@@ -1,0 +1,294 @@
+#!/usr/bin/env python
+"""Synchronous data parallelism against asynchronous parameter servers, on the same job.
+
+    python scripts/compare_async.py [--quick] [--out results/compare_async]
+
+Run it WITHOUT mpirun: it starts one job per run (through ``hvdlikerun``). Every run trains
+the seeds' CNN (examples/keras_mnist.py) on the same synthetic MNIST-shaped images, from the
+same initial weights, with Adam (lr 0.001), until it has applied the same number of
+examples, in these modes:
+
+  ``sync``       ``hvd.DistributedOptimizer``, one rank per worker (global batch W x b)
+  ``async``      ``hvd.ParameterServerTraining`` (no staleness bound), S servers + W workers
+  ``native_ps``  tf_keras's ``ParameterServerStrategy`` with a ``ClusterCoordinator``,
+                 started by ``export_tf_config(num_ps=S)`` (rank 0 the chief), S ps + W
+                 workers; its steps go to whichever worker is free
+
+each (a) with equal workers and (b) with one worker slowed 3x (its input pipeline sleeps
+twice the measured time of a step), for S + W = 1 + 2 and 2 + 2. Reported per run:
+examples/s of the whole job (examples applied / wall time of training), the final loss and
+accuracy on 2,000 held-out images, and how far the workers drift (async only): the mean
+staleness of applied pushes (updates the server applied between a worker's pull and its
+push) and the mean relative L2 distance between the weights a push was computed on and the
+weights it was applied to. Writes ``OUT.json`` (a list of
+runs: ``mode``, ``slowed``, ``servers``, ``workers``, ``examples_per_s``,
+``final_accuracy``, ...) and ``OUT.png``, prints a table. ``--quick`` (8,192 examples per
+run) takes about 4 minutes on 2 cores.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = ("sync", "async", "native_ps")
+
+
+def run_job(args, mode, servers, workers, slow_ms):
+    np_ = workers + (0 if mode == "sync" else servers)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO),
+               TF_USE_LEGACY_KERAS="1" if mode == "native_ps" else "0")
+    cmd = [sys.executable, "-m", "hvdlike.runner", "-np", str(np_), sys.executable, __file__,
+           "--role", mode, "--servers", str(servers), "--examples", str(args.examples),
+           "--batch", str(args.batch), "--slow-ms", str(slow_ms),
+           "--optimizer", args.optimizer, "--lr", str(args.lr)]
+    start = time.time()
+    p = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=600)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+    if p.returncode != 0 or not lines:
+        return {"mode": mode, "servers": servers, "workers": workers, "slowed": slow_ms > 0,
+                "error": (p.stdout + p.stderr)[-1500:], "examples_per_s": None,
+                "final_accuracy": None}
+    result = json.loads(lines[-1][len("RESULT "):])
+    result.update(mode=mode, servers=servers, workers=workers, slowed=slow_ms > 0,
+                  slow_ms=slow_ms, job_seconds=time.time() - start)
+    return result
+
+
+def driver(args):
+    examples = args.examples
+    configs = [tuple(int(n) for n in c.split("+")) for c in args.configs.split(",")]
+    runs = []
+    for servers, workers in configs:
+        base = run_job(args, "sync", servers, workers, 0)
+        runs.append(base)
+        step_ms = 1000 * base.get("train_seconds", 1.0) / max(1, examples // (workers * args.batch))
+        slow_ms = 2 * step_ms
+        for mode in MODES:
+            for slow in (0, slow_ms):
+                if mode == "sync" and slow == 0:
+                    continue
+                runs.append(run_job(args, mode, servers, workers, slow))
+                r = runs[-1]
+                print(f"  {mode:9s} {servers}+{workers} slowed={bool(slow)!s:5s} "
+                      f"ex/s={r.get('examples_per_s')} acc={r.get('final_accuracy')}"
+                      + (f" ERROR {r['error'][-300:]}" if r.get("error") else ""), flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(runs, indent=1))
+    print_table(runs)
+    plot(runs, out.with_suffix(".png"))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+
+
+def print_table(runs):
+    print(f"\n{'servers+workers':16s} {'mode':10s} {'slowed':7s} {'examples/s':>10s} "
+          f"{'vs sync':>8s} {'loss':>7s} {'accuracy':>9s} {'drift':>7s} {'staleness':>9s}")
+    for r in runs:
+        sync = next((s for s in runs if s["mode"] == "sync" and s["slowed"] == r["slowed"]
+                     and s["servers"] == r["servers"] and s["workers"] == r["workers"]), None)
+        eps = r.get("examples_per_s")
+        ratio = (f"{eps / sync['examples_per_s']:.2f}" if eps and sync
+                 and sync.get("examples_per_s") else "-")
+        name = f"{r['servers']}+{r['workers']}"
+        if r.get("error"):
+            print(f"{name:16s} {r['mode']:10s} {str(r['slowed']):7s} failed: "
+                  f"{r['error'].splitlines()[-1][:80]}")
+            continue
+        print(f"{name:16s} {r['mode']:10s} {str(r['slowed']):7s} {eps:10.0f} {ratio:>8s} "
+              f"{r['final_loss']:7.4f} {r['final_accuracy']:9.4f} {_num(r.get('drift')):>7s} "
+              f"{_num(r.get('mean_staleness'), 2):>9s}")
+
+
+def _num(value, digits=4):
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def plot(runs, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is missing: no PNG")
+        return
+    ok = [r for r in runs if not r.get("error")]
+    labels = [f"{r['mode']}\n{r['servers']}+{r['workers']}{' slow' if r['slowed'] else ''}"
+              for r in ok]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    colors = {"sync": "tab:blue", "async": "tab:orange", "native_ps": "tab:green"}
+    for ax, key, title in ((axes[0], "examples_per_s", "examples/s of the whole job"),
+                           (axes[1], "final_accuracy", "held-out accuracy")):
+        ax.bar(range(len(ok)), [r[key] for r in ok], color=[colors[r["mode"]] for r in ok])
+        ax.set_xticks(range(len(ok)))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---------------------------------------------------------------------- one job (a rank)
+
+def role(args):
+    import numpy as np
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    import hvdlike.tensorflow as hvd
+    from hvdlike.tensorflow import compat
+    sys.path.insert(0, str(REPO / "examples"))
+    from keras_mnist import synthetic_mnist
+    keras = compat.keras()
+    hvd.init()
+    if args.role == "native_ps":
+        return native_role(args, hvd, keras, np, tf, synthetic_mnist)
+    x, y = synthetic_mnist(args.examples, 1)
+    xt, yt = synthetic_mnist(2000, 2)
+    keras.utils.set_random_seed(0)
+    model = make_model(keras)
+    opt = make_optimizer(keras, args)
+    sleep = args.slow_ms / 1000.0
+
+    def dataset(worker, workers, repeat):
+        ds = tf.data.Dataset.from_tensor_slices((x[worker::workers], y[worker::workers]))
+        if repeat:
+            ds = ds.repeat()
+        ds = ds.batch(args.batch, drop_remainder=True)
+        if sleep and worker == workers - 1:  # the slowed worker's input pipeline
+            ds = ds.map(lambda a, b: (tf.ensure_shape(tf.numpy_function(
+                lambda t: (time.sleep(sleep), t)[1], [a], tf.float32, stateful=True),
+                a.shape), b))
+        return ds.prefetch(2)
+
+    stats, drift = {}, 0.0
+    hvd.barrier()
+    start = time.perf_counter()
+    if args.role == "sync":
+        model.compile(optimizer=hvd.DistributedOptimizer(opt),
+                      loss="sparse_categorical_crossentropy")
+        model.fit(dataset(hvd.rank(), hvd.size(), False), epochs=1, verbose=0)
+        applied = args.examples // (hvd.size() * args.batch) * hvd.size() * args.batch
+    else:
+        ps = hvd.ParameterServerTraining(model, opt, num_servers=args.servers,
+                                         total_steps=args.examples // args.batch)
+        model.compile(optimizer=ps.optimizer, loss="sparse_categorical_crossentropy")
+        ps.run(lambda: model.fit(dataset(ps.worker_index, ps.num_workers, True),
+                                 steps_per_epoch=args.examples, epochs=1, verbose=0,
+                                 callbacks=[ps.callback()]))
+        stats = ps.stats
+        applied = stats["updates"] * args.batch
+        drift = stats["mean_drift"]
+    seconds = time.perf_counter() - start
+    if hvd.rank() == 0:
+        model.compile(optimizer=keras.optimizers.SGD(0.0),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        loss, acc = model.evaluate(xt, yt, batch_size=500, verbose=0)
+        print("RESULT " + json.dumps({
+            "examples_per_s": applied / seconds, "examples": applied,
+            "train_seconds": seconds, "final_loss": float(loss), "final_accuracy": float(acc),
+            "drift": drift, "mean_staleness": stats.get("mean_staleness", 0.0),
+            "pushes": {str(k): v for k, v in stats.get("pushes", {}).items()}}), flush=True)
+
+
+def make_optimizer(keras, args):
+    if args.optimizer == "sgd":
+        return keras.optimizers.SGD(args.lr, momentum=0.9)
+    return keras.optimizers.Adam(args.lr)
+
+
+def make_model(keras):
+    return keras.Sequential([
+        keras.Input((28, 28, 1)),
+        keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
+        keras.layers.Dense(10, activation="softmax")])
+
+
+def native_role(args, hvd, keras, np, tf, synthetic_mnist):
+    """tf_keras ParameterServerStrategy: rank 0 the chief, ranks 1..S ps, the rest workers.
+    ps and worker ranks serve inside export_tf_config until the chief is done."""
+    hvd.export_tf_config(num_ps=args.servers)
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    x, y = synthetic_mnist(args.examples, 1)
+    xt, yt = synthetic_mnist(2000, 2)
+    workers = len(resolver.cluster_spec().as_dict().get("worker", []))
+    sleep = args.slow_ms / 1000.0
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = make_model(keras)
+        opt = make_optimizer(keras, args)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(
+            reduction=keras.losses.Reduction.NONE)
+
+    def dataset_fn(context):
+        worker = context.input_pipeline_id if context else 0
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(
+            context.num_input_pipelines if context else 1, worker).repeat()
+        ds = ds.batch(args.batch, drop_remainder=True)
+        if sleep and worker == workers - 1:
+            ds = ds.map(lambda a, b: (tf.ensure_shape(tf.numpy_function(
+                lambda t: (time.sleep(sleep), t)[1], [a], tf.float32, stateful=True),
+                a.shape), b))
+        return ds
+
+    @tf.function
+    def step(iterator):
+        def replica(a, b):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_fn(b, model(a, training=True)))
+            grads = tape.gradient(loss, model.trainable_variables)
+            # one worker's gradient, scaled 1/W as hvdlike's async pushes are
+            opt.apply_gradients(zip([g / workers for g in grads], model.trainable_variables))
+            return loss
+        return strategy.run(replica, args=next(iterator))
+
+    per_worker = coordinator.create_per_worker_dataset(
+        strategy.distribute_datasets_from_function(dataset_fn))
+    iterator = iter(per_worker)
+    steps = args.examples // args.batch
+    start = time.perf_counter()
+    for _ in range(steps):
+        coordinator.schedule(step, args=(iterator,))
+    coordinator.join()
+    seconds = time.perf_counter() - start
+    keras.utils.set_random_seed(0)
+    plain = make_model(keras)  # evaluated outside the strategy, as the other modes are
+    plain.set_weights(model.get_weights())
+    plain.compile(optimizer=keras.optimizers.SGD(0.0), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    loss, acc = plain.evaluate(xt, yt, batch_size=500, verbose=0)
+    print("RESULT " + json.dumps({
+        "examples_per_s": steps * args.batch / seconds, "examples": steps * args.batch,
+        "train_seconds": seconds, "final_loss": float(loss), "final_accuracy": float(acc),
+        "drift": None, "mean_staleness": None}), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="8,192 examples per run")
+    p.add_argument("--examples", type=int, default=24576)
+    p.add_argument("--batch", type=int, default=32, help="per-worker batch")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    p.add_argument("--lr", type=float, default=0.001)
+    p.add_argument("--configs", default="1+2,2+2", help="servers+workers, comma-separated")
+    p.add_argument("--out", default=str(REPO / "results" / "compare_async" / "compare_async"))
+    p.add_argument("--role", choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument("--servers", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--slow-ms", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.quick:
+        args.examples = 8192
+    if args.role:
+        role(args)
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""hvdlike's asynchronous parameter-server training (tests/tf/workers/ps_checks.py) at np=3
+(1 server + 2 workers) and np=4 (1 + 3, and 2 + 2 with the variables sharded over two
+servers), Keras 3 and tf_keras; a server or worker killed ends the job, naming its rank."""
+import re
+import sys
+import time
+
+import pytest
+
+from mpi_harness import TESTS, launch, run_script_once
+
+CHECKS = ["ps_staleness_0_equals_one_process_with_the_global_batch",
+          "ps_async_applies_total_steps_and_every_rank_ends_with_the_servers_weights",
+          "ps_staleness_bound_holds_with_a_slow_worker",
+          "ps_custom_loop_staleness_0_equals_one_process",
+          "ps_fp16_compressed_pushes_stay_close_to_uncompressed",
+          "ps_checkpoints_from_the_servers_resume_without_more_updates",
+          "ps_bad_arguments_raise_on_every_rank"]
+CONFIGS = {"np3": (3, "1", "0"), "np4_2servers": (4, "2", "0"), "np3_tf_keras": (3, "1", "1")}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("check", CHECKS)
+def test_parameter_server_check_passes_on_every_rank(config, check):
+    np_, servers, legacy = CONFIGS[config]
+    job = run_script_once(np_, "ps_checks.py", servers, timeout=400,
+                          env={"TF_USE_LEGACY_KERAS": legacy})
+    assert not job.timed_out, job.output[-5000:]
+    assert job.passed(check, np_), job.output[-5000:]
+
+
+@pytest.mark.parametrize("victim,rank", [("server", 2), ("worker", 1)])
+def test_a_killed_server_or_worker_ends_the_job_naming_its_rank(victim, rank):
+    job = launch(3, [sys.executable, str(TESTS / "tf" / "workers" / "ps_kill.py"), victim],
+                 timeout=180)
+    ended = time.time()
+    assert not job.timed_out, job.output[-5000:]
+    assert job.returncode != 0 and "FINISHED" not in job.output, job.output[-3000:]
+    killed = float(re.search(rf"^KILLING rank={rank} at (\S+)$", job.output, re.M).group(1))
+    assert re.search(rf"process rank {rank} with PID \d+ on node \S+ exited on\s+signal 9",
+                     job.output), job.output[-3000:]
+    assert ended - killed <= 10
+
+
+def test_compare_async_writes_every_mode_with_its_figures(tmp_path):
+    """scripts/compare_async.py, shrunk (1 server + 2 workers, 512 examples): sync, async and
+    native ParameterServerStrategy (started by export_tf_config(num_ps=1)) all run, equal
+    and with a slowed worker, and the JSON has the fields the docs quote."""
+    import json
+    import subprocess
+    from mpi_harness import REPO
+    out = tmp_path / "compare_async"
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_async.py"),
+                        "--configs", "1+2", "--examples", "512", "--out", str(out)],
+                       capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    runs = json.loads(out.with_suffix(".json").read_text())
+    assert sorted((r["mode"], r["slowed"]) for r in runs) == sorted(
+        (m, s) for m in ("sync", "async", "native_ps") for s in (False, True))
+    for r in runs:
+        assert "error" not in r, r.get("error")
+        assert r["examples_per_s"] > 0 and 0 <= r["final_accuracy"] <= 1, r
+        assert r["examples"] >= 512 - 2 * 32, r
+    assert out.with_suffix(".png").stat().st_size > 0

@@ -1,0 +1,158 @@
+"""hvdlike's asynchronous parameter-server training (ParameterServerTraining), at np=3
+(1 server + 2 workers) and np=4 (NUM_SERVERS from argv: 1 + 3, or 2 + 2: shards on two
+servers). Keras ``fit`` and a custom ``tf.function`` loop; Keras 3 or tf_keras."""
+import sys
+import tempfile
+import time
+
+from common import assert_close, check, close, hvd, np, tf  # noqa: F401
+
+from hvdlike.tensorflow import compat
+
+keras = compat.keras()
+NUM_SERVERS = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+BATCH, STEPS = 8, 6
+
+
+def model_and_data(seed=3):
+    keras.utils.set_random_seed(seed)
+    m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, activation="tanh"),
+                          keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
+    return m
+
+
+def shard(worker):
+    rng = np.random.default_rng(100 + worker)
+    x = rng.standard_normal((BATCH * STEPS, 6)).astype(np.float32)
+    return x, (x @ np.linspace(-1, 1, 6, dtype=np.float32))[:, None]
+
+
+def reference(workers, optimizer, steps=STEPS):
+    """One process, global batch: worker 0's batch k, then worker 1's, ... per step."""
+    m = model_and_data()
+    m.compile(optimizer=optimizer, loss="mse")
+    shards = [shard(w) for w in range(workers)]
+    x = np.concatenate([s[0][k * BATCH:(k + 1) * BATCH] for k in range(steps) for s in shards])
+    y = np.concatenate([s[1][k * BATCH:(k + 1) * BATCH] for k in range(steps) for s in shards])
+    m.fit(x, y, batch_size=BATCH * workers, epochs=1, shuffle=False, verbose=0)
+    return m.get_weights()
+
+
+def trained(max_staleness, optimizer, total_steps=None, compression=hvd.Compression.none,
+            slow=0.0, checkpoint_dir=None, seed=3):
+    m = model_and_data(seed)
+    ps = hvd.ParameterServerTraining(m, optimizer, num_servers=NUM_SERVERS,
+                                     max_staleness=max_staleness, total_steps=total_steps,
+                                     compression=compression, checkpoint_dir=checkpoint_dir)
+    m.compile(optimizer=ps.optimizer, loss="mse")
+
+    def train():
+        x, y = shard(ps.worker_index)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+        if slow and ps.worker_index == ps.num_workers - 1:
+            ds = ds.map(lambda a, b: (tf.ensure_shape(tf.numpy_function(
+                lambda t: (time.sleep(slow), t)[1], [a], tf.float32, stateful=True),
+                a.shape), b))
+        steps = STEPS if total_steps is None else 10 * STEPS
+        return m.fit(ds.repeat(), steps_per_epoch=steps, epochs=1, verbose=0,
+                     callbacks=[ps.callback()])
+
+    ps.run(train)
+    return m, ps
+
+
+def same_on_every_rank(weights):
+    for w in weights:
+        for other in hvd.allgather_object(w):
+            np.testing.assert_array_equal(other, w)
+
+
+@check("ps_staleness_0_equals_one_process_with_the_global_batch")
+def _():
+    m, ps = trained(0, keras.optimizers.Adam(0.01))
+    want = reference(ps.num_workers, keras.optimizers.Adam(0.01))
+    for got, ref in zip(m.get_weights(), want):
+        assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert ps.stats["updates"] == STEPS and ps.stats["mean_staleness"] == 0, ps.stats
+
+
+@check("ps_async_applies_total_steps_and_every_rank_ends_with_the_servers_weights")
+def _():
+    m, ps = trained(None, keras.optimizers.SGD(0.05), total_steps=5 * STEPS)
+    same_on_every_rank(m.get_weights())
+    assert ps.stats["updates"] == 5 * STEPS, ps.stats
+    assert sum(ps.stats["pushes"].values()) == 5 * STEPS + ps.stats["discarded"], ps.stats
+    assert ps.stats["discarded"] <= ps.num_workers - 1, ps.stats
+    x, y = shard(0)
+    loss0 = float(np.mean((model_and_data().predict(x, verbose=0) - y) ** 2))
+    loss1 = float(np.mean((m.predict(x, verbose=0) - y) ** 2))
+    assert loss1 < loss0, (loss0, loss1)
+
+
+@check("ps_staleness_bound_holds_with_a_slow_worker")
+def _():
+    m, ps = trained(1, keras.optimizers.SGD(0.05), total_steps=6 * STEPS, slow=0.02)
+    assert ps.stats["max_lead"] <= 1, ps.stats
+    m, ps = trained(None, keras.optimizers.SGD(0.05), total_steps=6 * STEPS, slow=0.02)
+    if ps.num_workers > 1:  # unbounded: the fast workers did more of the steps
+        pushes = ps.stats["pushes"]
+        assert pushes[0] > pushes[ps.num_workers - 1], ps.stats
+
+
+@check("ps_custom_loop_staleness_0_equals_one_process")
+def _():
+    m = model_and_data()
+    ps = hvd.ParameterServerTraining(m, keras.optimizers.SGD(0.1, momentum=0.9),
+                                     num_servers=NUM_SERVERS, max_staleness=0)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((m(x) - y) ** 2)
+        grads = tape.gradient(loss, m.trainable_variables)
+        ps.optimizer.apply_gradients(zip(grads, m.trainable_variables))
+
+    def train():
+        x, y = shard(ps.worker_index)
+        for k in range(STEPS):
+            step(x[k * BATCH:(k + 1) * BATCH], y[k * BATCH:(k + 1) * BATCH])
+
+    ps.run(train)
+    want = reference(ps.num_workers, keras.optimizers.SGD(0.1, momentum=0.9))
+    for got, ref in zip(m.get_weights(), want):
+        assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@check("ps_fp16_compressed_pushes_stay_close_to_uncompressed")
+def _():
+    plain, _ = trained(0, keras.optimizers.SGD(0.1))
+    packed, _ = trained(0, keras.optimizers.SGD(0.1), compression=hvd.Compression.fp16)
+    for a, b in zip(plain.get_weights(), packed.get_weights()):
+        assert_close(a, b, rtol=0, atol=2e-3)
+
+
+@check("ps_checkpoints_from_the_servers_resume_without_more_updates")
+def _():
+    folder = hvd.broadcast_object(tempfile.mkdtemp() if hvd.rank() == 0 else None, 0)
+    first, _ = trained(0, keras.optimizers.Adam(0.01), total_steps=STEPS * (hvd.size() - NUM_SERVERS),
+                       checkpoint_dir=folder)
+    again, ps = trained(0, keras.optimizers.Adam(0.01), total_steps=STEPS * (hvd.size() - NUM_SERVERS),
+                        checkpoint_dir=folder, seed=99)  # other initial weights: replaced
+    for a, b in zip(first.get_weights(), again.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert ps.stats["updates"] == STEPS, ps.stats  # loaded, and nothing more applied
+
+
+@check("ps_bad_arguments_raise_on_every_rank")
+def _():
+    for kwargs, text in [({"num_servers": hvd.size()}, "num_servers must lie in"),
+                         ({"max_staleness": -1}, "max_staleness must be None or >= 0")]:
+        try:
+            hvd.ParameterServerTraining(model_and_data(), keras.optimizers.SGD(0.1), **kwargs)
+        except ValueError as e:
+            assert text in str(e), e
+        else:
+            raise AssertionError("no error")
+
+
+close()
