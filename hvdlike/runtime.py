@@ -174,9 +174,12 @@ def _install_abort_hook(st: _State) -> None:
         sys.stderr.flush()
         sys.stdout.flush()
         if st.engine is not None and st.engine.failure is not None:
-            # Ranks died under ULFM: the launcher survives deaths, and Open MPI 5's prterun
-            # deadlocked now and then when the survivors called MPI_Abort. Every survivor's
-            # collectives fail the same way, so each exits, and the job ends with them.
+            # Ranks died under ULFM: Open MPI 5's prterun deadlocked now and then when the
+            # survivors called MPI_Abort, so exit instead; the first exit ends the job. A rank
+            # that heard of the death only through a peer's revoke cannot name the dead ranks:
+            # it waits a moment, so that the one that can is heard first.
+            if not st.engine.failure.failed:
+                time.sleep(1.0)
             os._exit(1)
         _exit_soon()
         world.Abort(1)
@@ -185,11 +188,29 @@ def _install_abort_hook(st: _State) -> None:
     sys.excepthook = abort_job
 
 
-def _exit_soon(seconds: float = 3.0) -> None:
-    """Exit with status 1 after ``seconds`` in case MPI_Abort does not end this process (seen
-    under ULFM once ranks have died: the launcher then ends the job when every rank is gone)."""
+_finalize_registered: List[bool] = []
+
+
+def _finalize_with_deadline(seconds: float = 10.0) -> None:
+    """At exit of a rank that went through an elastic reset: shut hvdlike down, then
+    MPI_Finalize, leaving after ``seconds`` if it has not returned. Open MPI 5's finalize
+    waits on a fence with every process of the job, and after a death it now and then never
+    returns; the status is then 1 if an uncaught exception ended the program, else 0."""
+    shutdown()
+    from mpi4py import MPI
+    if MPI.Is_finalized():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _exit_soon(seconds, 1 if hasattr(sys, "last_type") else 0)
+    MPI.Finalize()
+
+
+def _exit_soon(seconds: float = 3.0, status: int = 1) -> None:
+    """Exit with ``status`` after ``seconds`` in case MPI does not end or return (MPI_Abort
+    or MPI_Finalize under ULFM once ranks have died)."""
     import threading
-    timer = threading.Timer(seconds, os._exit, [1])
+    timer = threading.Timer(seconds, os._exit, [status])
     timer.daemon = True
     timer.start()
 
@@ -246,6 +267,9 @@ def shrink_after_failure(min_size: int = 1) -> List[int]:
         sys.excepthook = st.previous_excepthook
     old_rank, old_size = st.rank, st.size
     _state = None
+    if not _finalize_registered:
+        atexit.register(_finalize_with_deadline)
+        _finalize_registered.append(True)
     try:
         init(comm=survivors)
     finally:

@@ -101,22 +101,25 @@ def test_fewer_ranks_than_min_np_end_the_job_with_a_message():
 @pytest.mark.parametrize("mpi", ["openmpi", "mpich"])
 def test_restarts_resume_from_the_committed_state_without_repeating_or_skipping(mpi, tmp_path):
     prefix = mpich_prefix() if mpi == "mpich" else None
-    flags = ["--restarts", "1", "--state-dir", str(tmp_path / "state")]
+    state = tmp_path / f"state-{mpi}"
+    assert not state.exists()
+    flags = ["--restarts", "1", "--state-dir", str(state)]
     job, _ = _run(2, "before", 1, flags, mpi_prefix=prefix, timeout=120)
     assert job.returncode == 0, job.output[-4000:]
     assert "restart 1 of 1 (it resumes from the state committed in" in job.output
     assert job.output.count("resuming from the state committed in") == 1
     second = job.output[job.output.index("resuming from the state committed in"):]
-    for rank in range(2):  # the second launch starts at the step after the last commit
+    for rank in range(2):  # the second launch starts at the step after the last commit:
+        # step 5's, or step 4's when the MPI ended rank 0 before it committed step 4
         steps = [int(s) for s in re.findall(rf"^COMMITTED rank={rank} step=(\d+)$", second,
                                             re.M)]
-        assert steps == list(range(KILL_STEP, STEPS)), steps
+        assert steps in (list(range(KILL_STEP, STEPS)), list(range(KILL_STEP - 1, STEPS))), steps
     results = _results(job.output)  # sizes: one entry per committed step, over both launches
     assert [r["sizes"] for r in results] == [[2] * STEPS] * 2
     want = _reference([2] * STEPS)  # equal to a run that was never interrupted
     for r in results:
         np.testing.assert_allclose(r["w"], want, rtol=1e-12, atol=1e-12)
-    assert oct((tmp_path / "state" / "elastic_state.pkl").stat().st_mode & 0o777) == "0o600"
+    assert oct((state / "elastic_state.pkl").stat().st_mode & 0o777) == "0o600"
 
 
 def test_without_a_state_dir_a_restarted_job_starts_over():
