@@ -158,9 +158,7 @@ def role(args):
             ds = ds.repeat()
         ds = ds.batch(args.batch, drop_remainder=True)
         if sleep and worker == workers - 1:  # the slowed worker's input pipeline
-            ds = ds.map(lambda a, b: (tf.ensure_shape(tf.numpy_function(
-                lambda t: (time.sleep(sleep), t)[1], [a], tf.float32, stateful=True),
-                a.shape), b))
+            ds = ds.apply(slow_down(sleep))
         return ds.prefetch(2)
 
     stats, drift = {}, 0.0
@@ -191,6 +189,14 @@ def role(args):
             "train_seconds": seconds, "final_loss": float(loss), "final_accuracy": float(acc),
             "drift": drift, "mean_staleness": stats.get("mean_staleness", 0.0),
             "pushes": {str(k): v for k, v in stats.get("pushes", {}).items()}}), flush=True)
+
+
+def slow_down(seconds):
+    """A tf.data transformation that waits ``seconds`` before each element, in TensorFlow's
+    own threads (a Python sleep inside tf.numpy_function can deadlock the exit of the
+    process when TensorFlow's prefetch thread still wants the GIL)."""
+    from tensorflow.python.data.experimental.ops import testing
+    return testing.sleep(int(seconds * 1e6))
 
 
 def make_optimizer(keras, args):
@@ -232,9 +238,7 @@ def native_role(args, hvd, keras, np, tf, synthetic_mnist):
             context.num_input_pipelines if context else 1, worker).repeat()
         ds = ds.batch(args.batch, drop_remainder=True)
         if sleep and worker == workers - 1:
-            ds = ds.map(lambda a, b: (tf.ensure_shape(tf.numpy_function(
-                lambda t: (time.sleep(sleep), t)[1], [a], tf.float32, stateful=True),
-                a.shape), b))
+            ds = ds.apply(slow_down(sleep))
         return ds
 
     @tf.function

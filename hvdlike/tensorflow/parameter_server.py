@@ -182,6 +182,7 @@ class ParameterServerTraining:
         staleness, drift, applied, discarded, start = [], [], 0, 0, time.perf_counter()
         sent: Dict[int, np.ndarray] = {}  # the weights each worker got last
         lead = 0  # the most pushes a worker was ahead of the slowest when it got its reply
+        saved_at = 0  # ``applied`` at the last checkpoint
         version = self.stats.get("updates", 0)
         last_version = {w: version for w in active}
         header = np.empty(2, np.int64)
@@ -221,8 +222,9 @@ class ParameterServerTraining:
                 applied += 1
                 waiting, summed_from = summed_from, []
                 summed[:] = 0
-            if applied and self.checkpoint_dir and applied % self.checkpoint_every == 0:
+            if self.checkpoint_dir and applied - saved_at >= self.checkpoint_every:
                 self._save_checkpoint(version)
+                saved_at = applied
             slowest = min((pushes[w] for w in active), default=0)
             still = []
             for w in waiting:

@@ -3,7 +3,6 @@
 servers). Keras ``fit`` and a custom ``tf.function`` loop; Keras 3 or tf_keras."""
 import sys
 import tempfile
-import time
 
 from common import assert_close, check, close, hvd, np, tf  # noqa: F401
 
@@ -50,9 +49,8 @@ def trained(max_staleness, optimizer, total_steps=None, compression=hvd.Compress
         x, y = shard(ps.worker_index)
         ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
         if slow and ps.worker_index == ps.num_workers - 1:
-            ds = ds.map(lambda a, b: (tf.ensure_shape(tf.numpy_function(
-                lambda t: (time.sleep(slow), t)[1], [a], tf.float32, stateful=True),
-                a.shape), b))
+            from tensorflow.python.data.experimental.ops import testing
+            ds = ds.apply(testing.sleep(int(slow * 1e6)))  # in TF's threads, not Python's
         steps = STEPS if total_steps is None else 10 * STEPS
         return m.fit(ds.repeat(), steps_per_epoch=steps, epochs=1, verbose=0,
                      callbacks=[ps.callback()])
