@@ -195,22 +195,44 @@ def _finalize_with_deadline(seconds: float = 10.0) -> None:
     """At exit of a rank that went through an elastic reset: shut hvdlike down, then
     MPI_Finalize, leaving after ``seconds`` if it has not returned. Open MPI 5's finalize
     waits on a fence with every process of the job, and after a death it now and then never
-    returns; the status is then 1 if an uncaught exception ended the program, else 0."""
-    shutdown()
-    from mpi4py import MPI
-    if MPI.Is_finalized():
-        return
+    returns; the status is then 1 if an uncaught exception ended the program, else 0. The
+    deadline covers hvdlike's shutdown too (it frees communicators of the shrunk world)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    _exit_soon(seconds, 1 if hasattr(sys, "last_type") else 0)
-    MPI.Finalize()
+    status = 1 if hasattr(sys, "last_type") else 0
+    _exit_soon(seconds, status, "MPI_Finalize after an elastic reset")
+    shutdown()
+    from mpi4py import MPI
+    if not MPI.Is_finalized():
+        _finalize_without_gil(MPI)
 
 
-def _exit_soon(seconds: float = 3.0, status: int = 1) -> None:
+def _finalize_without_gil(mpi: Any) -> None:
+    """MPI_Finalize through ctypes, which lets go of the GIL while it runs: mpi4py's Finalize
+    keeps it, and the deadline's timer thread could then never run."""
+    import ctypes
+    try:
+        with open("/proc/self/maps") as maps:  # Linux: where the MPI library was loaded from
+            paths = [line.split()[-1] for line in maps if "/libmpi.so" in line]
+    except OSError:
+        paths = []
+    if not paths:
+        mpi.Finalize()
+        return
+    ctypes.CDLL(paths[0]).MPI_Finalize()
+
+
+def _exit_soon(seconds: float = 3.0, status: int = 1, what: str = "MPI_Abort") -> None:
     """Exit with ``status`` after ``seconds`` in case MPI does not end or return (MPI_Abort
-    or MPI_Finalize under ULFM once ranks have died)."""
+    or MPI_Finalize under ULFM once ranks have died), saying so on stderr."""
     import threading
-    timer = threading.Timer(seconds, os._exit, [status])
+
+    def leave() -> None:
+        os.write(2, f"hvdlike: {what} had not returned after {seconds:g} s; this rank exits "
+                    f"with status {status}\n".encode())
+        os._exit(status)
+
+    timer = threading.Timer(seconds, leave)
     timer.daemon = True
     timer.start()
 

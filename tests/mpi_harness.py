@@ -56,15 +56,19 @@ def launch(np: int, argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT,
     else:
         cmd = [sys.executable, "-m", "hvdlike.runner", "-np", str(np), *argv] if mpi else list(argv)
     job = _run(cmd, full_env, timeout)
-    if _STARTUP_FAILURE in job.output and job.seconds < 5:
-        # Open MPI's launcher now and then cannot start its PMIx server (nothing ran yet):
-        # that says nothing about the job, so start it once more
-        print(f"[harness] {_STARTUP_FAILURE!r}: starting the job again", file=sys.stderr)
+    if startup_failed(job.output, job.seconds):
         job = _run(cmd, full_env, timeout)
     return job
 
 
-_STARTUP_FAILURE = "The PMIx server"
+def startup_failed(output: str, seconds: float) -> bool:
+    """Open MPI's launcher now and then cannot start its PMIx server (nothing ran yet): that
+    says nothing about the job, which the caller then starts once more."""
+    failed = "The PMIx server's listener thread failed to start" in output and seconds < 5
+    if failed:
+        print("[harness] Open MPI's PMIx server did not start: starting the job again",
+              file=sys.stderr)
+    return failed
 
 
 def _run(cmd: List[str], full_env: Dict[str, str], timeout: float) -> Job:

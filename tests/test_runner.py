@@ -24,7 +24,7 @@ import pytest
 from hvdlike.runner import Flavor, LaunchError, build_command, find_mpirun, parse_flavor
 from hvdlike.runner.launch import forwarded_env_names, local_cores
 from hvdlike.runner.mpi_flavor import version_text
-from mpi_harness import mpich_prefix
+from mpi_harness import mpich_prefix, startup_failed
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 60
@@ -56,11 +56,17 @@ def launcher_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
 def run_launcher(*args: str, env: Optional[Mapping[str, str]] = None,
                  python: str = sys.executable, cwd: Optional[Path] = None,
                  prefix: Sequence[str] = ()) -> subprocess.CompletedProcess:
-    """Run ``[prefix...] python -m hvdlike.runner args...``; output captured as text."""
-    return subprocess.run(
-        [*prefix, python, "-m", "hvdlike.runner", *args],
-        env=launcher_env(env), cwd=cwd, stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    """Run ``[prefix...] python -m hvdlike.runner args...``; output captured as text. Started
+    once more when Open MPI could not start its PMIx server (see ``startup_failed``)."""
+    for _ in range(2):
+        start = time.monotonic()
+        done = subprocess.run(
+            [*prefix, python, "-m", "hvdlike.runner", *args],
+            env=launcher_env(env), cwd=cwd, stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=TIMEOUT, check=False)
+        if not startup_failed(done.stderr, time.monotonic() - start):
+            break
+    return done
 
 
 def ranks_printed(stdout: str) -> List[tuple]:
