@@ -22,8 +22,10 @@ worker that has pushed k steps gets the weights for its next step only once ever
 still training has pushed at least k - s steps. ``None``: no bound. ``0``: synchronous:
 each server waits for one push from every worker, averages them and applies them once,
 which is exactly ``DistributedOptimizer`` over the workers. With s > 0 each push is applied
-on its own, scaled by 1/num_workers, so that one push from every worker moves the weights
-as far as one synchronous step of the global batch.
+on its own and its update (what the optimizer moved the weights by) scaled by
+1/num_workers, so that one push from every worker moves the weights as far as one
+synchronous step of the global batch, whatever the optimizer (scaling Adam's gradients
+would not change its step).
 
 ``total_steps``: the servers apply this many pushes, counted over all workers, then answer
 every further push with "stop" (``ps.callback()`` ends ``fit``; custom loops read
@@ -212,7 +214,7 @@ class ParameterServerTraining:
                     summed += grad
                     summed_from.append(worker)
                 else:
-                    self._apply(shard_vars, grad / self.num_workers)
+                    self._apply(shard_vars, grad, 1.0 / self.num_workers)
                     version += 1
                     applied += 1
                     waiting.append(worker)
@@ -261,13 +263,20 @@ class ParameterServerTraining:
                         dest=worker, tag=_REPLY)
         return weights
 
-    def _apply(self, shard_vars: List[Any], flat: np.ndarray) -> None:
+    def _apply(self, shard_vars: List[Any], flat: np.ndarray, scale: float = 1.0) -> None:
+        """Apply the gradients ``flat`` with the user's optimizer and move the weights
+        ``scale`` times as far as it did (the optimizer's own state sees the full gradients).
+        Scaling the update, not the gradients, is what makes 1/num_workers mean the same for
+        every optimizer: Adam's step does not change when its gradients are scaled."""
         if self._apply_fn is None:  # traced once: eager apply_gradients costs milliseconds
             optimizer = self._server_optimizer
 
             @tf.function
-            def apply(grads: List[tf.Tensor]) -> None:
+            def apply(grads: List[tf.Tensor], scale: tf.Tensor) -> None:
+                before = [tf.identity(tf.convert_to_tensor(v)) for v in shard_vars]
                 optimizer.apply_gradients(zip(grads, shard_vars))
+                for v, old in zip(shard_vars, before):
+                    v.assign(old + (tf.convert_to_tensor(v) - old) * tf.cast(scale, v.dtype))
 
             self._apply_fn = apply
         grads, at = [], 0
@@ -275,7 +284,7 @@ class ParameterServerTraining:
             grads.append(tf.constant(flat[at:at + self._sizes[i]].reshape(v.shape),
                                      dtype=v.dtype))
             at += self._sizes[i]
-        self._apply_fn(grads)
+        self._apply_fn(grads, tf.constant(scale, tf.float32))
 
     def _checkpoint_path(self) -> str:
         index = self.servers.index(self.rank)

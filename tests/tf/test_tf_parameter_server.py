@@ -11,6 +11,7 @@ from mpi_harness import TESTS, launch, run_script_once
 
 CHECKS = ["ps_staleness_0_equals_one_process_with_the_global_batch",
           "ps_async_applies_total_steps_and_every_rank_ends_with_the_servers_weights",
+          "ps_async_push_moves_the_weights_one_worker_share_whatever_the_optimizer",
           "ps_staleness_bound_holds_with_a_slow_worker",
           "ps_custom_loop_staleness_0_equals_one_process",
           "ps_fp16_compressed_pushes_stay_close_to_uncompressed",

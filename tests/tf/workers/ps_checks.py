@@ -87,6 +87,25 @@ def _():
     assert loss1 < loss0, (loss0, loss1)
 
 
+@check("ps_async_push_moves_the_weights_one_worker_share_whatever_the_optimizer")
+def _():
+    # only worker 0 trains, so its pushes apply in order: each moves the weights 1/W of the
+    # optimizer's step, i.e. one process with learning rate lr/W (Adam too, whose step does
+    # not change when its gradients are scaled)
+    for make in (lambda lr: keras.optimizers.Adam(lr),
+                 lambda lr: keras.optimizers.SGD(lr, momentum=0.9)):
+        m = model_and_data()
+        ps = hvd.ParameterServerTraining(m, make(0.01), num_servers=NUM_SERVERS)
+        m.compile(optimizer=ps.optimizer, loss="mse")
+        x, y = shard(0)
+        ps.run(lambda: m.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+               if ps.worker_index == 0 else None)
+        want = reference(1, make(0.01 / ps.num_workers))
+        for got, ref in zip(m.get_weights(), want):
+            assert_close(got, ref, rtol=1e-5, atol=1e-6)
+        assert ps.stats["updates"] == STEPS, ps.stats
+
+
 @check("ps_staleness_bound_holds_with_a_slow_worker")
 def _():
     m, ps = trained(1, keras.optimizers.SGD(0.05), total_steps=6 * STEPS, slow=0.02)
