@@ -23,7 +23,7 @@ push) and the mean relative L2 distance between the weights a push was computed 
 weights it was applied to. Writes ``OUT.json`` (a list of
 runs: ``mode``, ``slowed``, ``servers``, ``workers``, ``examples_per_s``,
 ``final_accuracy``, ...) and ``OUT.png``, prints a table. ``--quick`` (8,192 examples per
-run) takes about 4 minutes on 2 cores.
+run) takes about 3 minutes on 2 cores.
 """
 import argparse
 import json
