@@ -146,13 +146,22 @@ def _split_local(MPI: ModuleType, world: Any, node_names: Optional[Sequence[str]
 
 def shared_memory_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
     """The shared-memory all-reduce for a set of world ``ranks`` (with communicator ``comm``
-    on this member), or None when they span nodes, are one rank, or HVDLIKE_SHM_BUFFER=0."""
+    on this member): on one node, over ``comm``; for the whole world on several nodes with
+    the same number of ranks each, hierarchical (over this node's ranks, then across nodes)
+    unless HVDLIKE_HIERARCHICAL_ALLREDUCE=0; otherwise None (one rank, other sets spanning
+    nodes, or HVDLIKE_SHM_BUFFER=0)."""
     st = state()
-    on_one_node = len({st.node_of_rank[r] for r in ranks}) == 1
-    if len(ranks) < 2 or not on_one_node or st.settings.shm_buffer == 0:
+    nodes = {st.node_of_rank[r] for r in ranks}
+    if len(ranks) < 2 or st.settings.shm_buffer == 0:
         return None
     from .transport.shm import SharedMemoryAllreduce
-    return SharedMemoryAllreduce(comm, st.settings.shm_buffer)
+    if len(nodes) == 1:
+        return SharedMemoryAllreduce(comm, st.settings.shm_buffer)
+    if (st.settings.hierarchical_allreduce != "0" and len(ranks) == st.size
+            and st.homogeneous and st.local_size > 1):
+        return SharedMemoryAllreduce(st.local_comm, st.settings.shm_buffer,
+                                     across=st.cross_comm)
+    return None
 
 
 def _install_abort_hook(st: _State) -> None:

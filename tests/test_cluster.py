@@ -31,7 +31,8 @@ def _job(cluster, slots, script, tmp_path):
     mpirun = str(Path(sys.executable).parent / "mpirun")
     if not Path(mpirun).exists():
         mpirun = shutil.which("mpirun")
-    env_names = ("PYTHONPATH", "OMPI_MCA_osc", "HVDLIKE_TIMELINE")
+    env_names = ("PYTHONPATH", "OMPI_MCA_osc", "HVDLIKE_TIMELINE",
+                 "HVDLIKE_HIERARCHICAL_ALLREDUCE")
     argv = cluster.command_on(0, cluster.mpirun_argv(
         mpirun, slots, [sys.executable, str(REPO / "tests/mpi_cases" / script)],
         extra=[a for n in env_names for a in ("-x", n)]))
@@ -86,8 +87,9 @@ def test_keras_training_across_hosts_equals_one_process_with_the_global_batch(cl
     assert job.returncode == 0, job.output[-6000:]
 
 
-def _run(cluster, slots, tmp_path):
+def _run(cluster, slots, tmp_path, hierarchical="auto"):
     argv, env = _job(cluster, slots, "cluster_worker.py", tmp_path)
+    env["HVDLIKE_HIERARCHICAL_ALLREDUCE"] = hierarchical
     before = cluster.link_bytes()
     p = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=120)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
@@ -98,8 +100,9 @@ def _run(cluster, slots, tmp_path):
     return results, {h: after[h] - before[h] for h in after}
 
 
-def test_two_hosts_two_ranks_each(cluster, tmp_path):
-    results, sent = _run(cluster, [2, 2], tmp_path)
+@pytest.mark.parametrize("hierarchical", ["auto", "0"])
+def test_two_hosts_two_ranks_each(cluster, tmp_path, hierarchical):
+    results, sent = _run(cluster, [2, 2], tmp_path, hierarchical)
     size = 4
     big = np.arange(1 << 18, dtype=np.float64)
     for r in results:
@@ -110,8 +113,9 @@ def test_two_hosts_two_ranks_each(cluster, tmp_path):
         assert r["sum"] == float((size * big + sum(range(size))).sum())
         assert r["gather"] == [q for q in range(size) for _ in range(q + 1)]
         assert r["bcast"] == [size - 1] * 3
-        # shared memory inside a host, MPI (TCP) across hosts
-        want = {"world:MPI_ALLREDUCE"}
+        # shared memory inside a host, MPI (TCP) across hosts; the world: both, or flat MPI
+        want = {"world:HIERARCHICAL_ALLREDUCE" if hierarchical == "auto"
+                else "world:MPI_ALLREDUCE"}
         if r["rank"] in (0, 1):
             assert r["inside_sum"] == float((2 * big + 1).sum())
             want.add("inside:SHM_ALLREDUCE")
@@ -129,6 +133,7 @@ def test_two_hosts_inhomogeneous(cluster, tmp_path):
         assert r["local_size"] == (2 if r["rank"] < 2 else 1)
         assert r["homogeneous"] is False
         assert r["cross_size"] == (2 if r["local_rank"] == 0 else 1)
+        assert "world:MPI_ALLREDUCE" in r["transports"]  # hosts of different sizes: flat
 
 
 

@@ -1,7 +1,7 @@
 """Every collective x dtype x op equals its NumPy reference on every rank: np=2, np=4
 (oversubscribed) and a process set of 2 out of 4 ranks, each over MPI and over the on-node
 shared-memory transport (threshold 0 so every blocking all-reduce takes it; a 64-byte buffer
-so that most take several rounds); with the MPI transport's per-call limit lowered to 5
+so that most take several rounds) and hierarchically over two pretend nodes; with the MPI transport's per-call limit lowered to 5
 elements (the path of messages past 2 GiB); and the same under MPICH
 (HVDLIKE_TEST_MPICH_PREFIX)."""
 import numpy as np
@@ -18,6 +18,8 @@ CONFIGS = {
     "np2": (2, None, MPI_ONLY), "np4": (4, None, MPI_ONLY), "np4-set12": (4, [1, 2], MPI_ONLY),
     "np2-shm": (2, None, SHM), "np4-shm-rounds": (4, None, SHM_ROUNDS),
     "np4-set12-shm-rounds": (4, [1, 2], SHM_ROUNDS),
+    # two pretend nodes of 2 ranks: hierarchical (shared memory inside, MPI across)
+    "np4-hier-rounds": (4, None, {**SHM_ROUNDS, "HVDLIKE_NODE_NAMES": "a,a,b,b"}),
     "mpich-np2": (2, None, MPI_ONLY), "mpich-np4-shm-rounds": (4, None, SHM_ROUNDS),
     # the MPI transport's per-call limit lowered: the path of messages past 2 GiB
     "np2-pieces": (2, None, MPI_ONLY), "np4-set12-pieces": (4, [1, 2], MPI_ONLY),

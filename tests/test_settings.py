@@ -77,13 +77,13 @@ def test_the_hvdlike_name_wins_and_disagreement_and_ignored_settings_are_reporte
     from hvdlike.settings import with_horovod_names
 
     env = {"HVDLIKE_CYCLE_TIME": "2", "HOROVOD_CYCLE_TIME": "5",
-           "HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}
+           "HOROVOD_HIERARCHICAL_ALLGATHER": "1"}
     assert Settings.from_env(env).cycle_time_ms == 2.0
     _, notes = with_horovod_names(env)
     assert notes == ["HVDLIKE_CYCLE_TIME='2' and HOROVOD_CYCLE_TIME='5' disagree; using "
                      "HVDLIKE_CYCLE_TIME",
-                     "HOROVOD_HIERARCHICAL_ALLREDUCE is ignored: hvdlike has no hierarchical "
-                     "all-reduce yet"]
+                     "HOROVOD_HIERARCHICAL_ALLGATHER is ignored: hvdlike has no hierarchical "
+                     "all-gather yet"]
     assert with_horovod_names({"HOROVOD_CYCLE_TIME": "5", "HVDLIKE_CYCLE_TIME": "5"})[1] == []
 
 
@@ -92,3 +92,12 @@ def test_a_bad_horovod_value_names_the_horovod_variable():
         Settings.from_env({"HOROVOD_FUSION_THRESHOLD": "64MB"})
     with pytest.raises(ValueError, match="HOROVOD_TIMELINE_MARK_CYCLES='x' is not a boolean"):
         Settings.from_env({"HOROVOD_TIMELINE_MARK_CYCLES": "x", "HOROVOD_TIMELINE": "t.json"})
+
+
+def test_hierarchical_allreduce_setting_and_its_horovod_name():
+    assert Settings().hierarchical_allreduce == "auto"
+    assert Settings.from_env({"HVDLIKE_HIERARCHICAL_ALLREDUCE": "0"}).hierarchical_allreduce == "0"
+    assert Settings.from_env({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}).hierarchical_allreduce == "1"
+    with pytest.raises(ValueError, match="HVDLIKE_HIERARCHICAL_ALLREDUCE='yes' is not one of "
+                                         "auto, 1, 0"):
+        Settings.from_env({"HVDLIKE_HIERARCHICAL_ALLREDUCE": "yes"})

@@ -42,24 +42,41 @@ def test_every_rank_gets_bitwise_the_same_float_sum():
     assert len({r["digest"] for r in results}) == 1
 
 
-def test_only_process_sets_within_one_node_use_shared_memory():
-    env = {"HVDLIKE_NODE_NAMES": "a,a,b,b"}
+@pytest.mark.parametrize("hierarchical", ["auto", "0"])
+def test_sets_within_one_node_use_shared_memory_and_the_world_on_several_is_hierarchical(
+        hierarchical):
+    env = {"HVDLIKE_NODE_NAMES": "a,a,b,b", "HVDLIKE_HIERARCHICAL_ALLREDUCE": hierarchical}
     results = run_mpi(4, "shm_cases:who_uses_shared_memory", timeout=120, env=env)
+    on = hierarchical == "auto"
     for rank, r in enumerate(results):
-        assert r["global"] == dict(shm=False, sum=10.0)
+        assert r["global"] == dict(shm=on, hierarchical=on, sum=10.0)
         if rank in (0, 1):
-            assert r["01"] == dict(shm=True, sum=3.0)
-        if rank in (1, 2):
-            assert r["12"] == dict(shm=False, sum=5.0)  # spans nodes a and b
+            assert r["01"] == dict(shm=True, hierarchical=False, sum=3.0)
+        if rank in (1, 2):  # spans nodes a and b, and is not the world: MPI
+            assert r["12"] == dict(shm=False, hierarchical=False, sum=5.0)
         if rank == 3:
-            assert r["3"] == dict(shm=False, sum=4.0)  # one rank: nothing to share
+            assert r["3"] == dict(shm=False, hierarchical=False, sum=4.0)  # nothing to share
+
+
+def test_nodes_of_different_sizes_all_reduce_flat():
+    results = run_mpi(4, "shm_cases:who_uses_shared_memory", timeout=120,
+                      env={"HVDLIKE_NODE_NAMES": "a,a,a,b"})
+    for r in results:
+        assert r["global"] == dict(shm=False, hierarchical=False, sum=10.0)
+
+
+def test_hierarchical_float_sum_is_bitwise_the_same_on_every_rank():
+    results = run_mpi(4, "shm_cases:identical_bits", timeout=120, nbytes=3 * MIB + 4,
+                      env={"HVDLIKE_NODE_NAMES": "a,a,b,b"})
+    assert all(r["close"] for r in results)
+    assert len({r["digest"] for r in results}) == 1
 
 
 def test_shared_memory_can_be_turned_off():
     results = run_mpi(4, "shm_cases:who_uses_shared_memory", timeout=120,
                       env={"HVDLIKE_SHM_BUFFER": "0"})
     for r in results:
-        assert r["global"] == dict(shm=False, sum=10.0)
+        assert r["global"] == dict(shm=False, hierarchical=False, sum=10.0)
 
 
 def test_full_dev_shm_on_one_rank_makes_every_rank_fall_back_to_mpi():

@@ -3,7 +3,8 @@
 All-reduces that became ready together are fused by bytes (``HVDLIKE_FUSION_THRESHOLD``) per
 (process set, op, factors, reduction dtype). A bucket goes through the on-node shared-memory
 transport straight from the tensors' memory into the results when its set lives on one node
-and it has at least ``HVDLIKE_SHM_THRESHOLD`` bytes; otherwise through ``MPI_Allreduce`` (one
+and it has at least ``HVDLIKE_SHM_THRESHOLD`` bytes (hierarchically, shared memory inside each
+node and MPI across them, when the world spans nodes); otherwise through ``MPI_Allreduce`` (one
 tensor: from its memory into the result; several: packed into a reused fusion buffer). The
 other collectives run one response at a time.
 """
@@ -190,7 +191,7 @@ def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray],
     shm = ps._shm
     if shm is not None and total >= st.settings.shm_threshold and shm.reserve(total):
         _shm_allreduce(shm, sends, recvs, wire, scale, work)
-        clock.done("SHM_ALLREDUCE")
+        clock.done("SHM_ALLREDUCE" if shm.across is None else "HIERARCHICAL_ALLREDUCE")
     elif len(recvs) == 1:
         st.transport.allreduce(ps._comm, None if sends[0] is recvs[0] else sends[0], recvs[0],
                                wire, True)

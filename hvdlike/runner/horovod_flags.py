@@ -27,9 +27,10 @@ SETTINGS = {
 SWITCHES = {  # flags without a value
     "--timeline-mark-cycles": ("HVDLIKE_TIMELINE_MARK_CYCLES", "mark engine rounds in the timeline"),
     "--no-stall-check": ("HVDLIKE_STALL_CHECK_DISABLE", "turn the stall inspector off"),
+    "--hierarchical-allreduce": ("HVDLIKE_HIERARCHICAL_ALLREDUCE",
+                                 "all-reduce inside each node, then across nodes"),
 }
 REFUSED = {
-    "--hierarchical-allreduce": "hvdlike has no hierarchical all-reduce yet; drop the flag",
     "--hierarchical-allgather": "hvdlike has no hierarchical all-gather yet; drop the flag",
     "--start-timeout": "hvdlikerun has no start timeout; the MPI launcher reports ranks that "
                        "cannot start, and `timeout N hvdlikerun ...` bounds the whole job",

@@ -17,6 +17,13 @@ the window go through in segments. The window is allocated on first use and grow
 number of bytes in the same call. When the shared-memory file system (/dev/shm) has no room
 for it (containers often give it 64 MiB), ``reserve`` says so on every rank, once, and the
 caller stays on MPI: writing past a full /dev/shm would kill the job with SIGBUS.
+
+Hierarchical all-reduce, for ranks on several nodes (``across``): ``comm`` holds this node's
+ranks and ``across`` the ranks of equal local rank on every node. Between steps 2 and 3, rank
+r all-reduces its reduced chunk r with ``across`` (MPI, over the network), so each node sends
+1/local_size of the data per rank and all of it once per node, the two-level minimum; the
+node's ranks then copy every chunk as in step 3. Every node must have the same number of
+ranks, so that chunk r has the same size on each of them.
 """
 import os
 import sys
@@ -27,6 +34,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..reduce_ops import ReduceOp
+from . import mpi as mpi_transport
 
 _UFUNCS: Dict[ReduceOp, Callable[..., Any]] = {
     ReduceOp.AVERAGE: np.add,
@@ -49,12 +57,15 @@ class SharedMemoryAllreduce:
     """Blocking all-reduce over ``comm``, whose ranks must all share memory (one node).
 
     ``max_bytes``: the most input bytes reduced per round; larger inputs take several.
+    ``across``: the communicator of this rank and the ranks of equal local rank on the other
+    nodes, for a hierarchical all-reduce over ``comm``'s node and ``across``'s nodes together.
     Every rank must call ``reserve``, ``allreduce`` and ``free`` together, as with any
-    collective.
+    collective (of both communicators, when hierarchical).
     """
 
-    def __init__(self, comm: Any, max_bytes: int) -> None:
+    def __init__(self, comm: Any, max_bytes: int, across: Any = None) -> None:
         self._comm = comm
+        self.across = across
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         self._max_bytes = max(_round_up(max_bytes, _ALIGN), _ALIGN)
         self._capacity = 0  # input bytes one round can take
@@ -98,10 +109,9 @@ class SharedMemoryAllreduce:
         out = _Segments([r.reshape(-1) for r in recvs])
         if out.size == 0:
             return
-        ufunc = _UFUNCS[op]
         step = max(1, min(self._capacity, out.size * out.itemsize) // out.itemsize)
         for start in range(0, out.size, step):
-            self._round(data, out, start, min(start + step, out.size), ufunc, finish)
+            self._round(data, out, start, min(start + step, out.size), op, finish)
 
     def free(self) -> None:
         """Release the window (collective); ``reserve`` allocates it again when needed."""
@@ -124,9 +134,9 @@ class SharedMemoryAllreduce:
         self._win.Sync()
 
     def _round(self, data: "_Segments", out: "_Segments", lo: int, hi: int,
-               ufunc: Callable[..., Any], finish: Optional[Callable[[np.ndarray], None]]) -> None:
+               op: ReduceOp, finish: Optional[Callable[[np.ndarray], None]]) -> None:
         """Reduce elements [lo, hi) of the concatenation (at most one window's worth)."""
-        n, dtype, me = hi - lo, out.dtype, self._rank
+        n, dtype, me, ufunc = hi - lo, out.dtype, self._rank, _UFUNCS[op]
         nbytes = n * dtype.itemsize
         slot = self._slots[me][:nbytes].view(dtype)
         for j in range(self._size):
@@ -148,9 +158,15 @@ class SharedMemoryAllreduce:
                 ufunc(sources[0], sources[1], out=dst)
                 for src in sources[2:]:
                     ufunc(dst, src, out=dst)
-                if finish is not None:
-                    finish(dst)
-                out.arrays[i][s:e] = dst
+                if self.across is None:
+                    if finish is not None:
+                        finish(dst)
+                    out.arrays[i][s:e] = dst
+        if self.across is not None:  # this node's sum of chunk r, summed over the nodes
+            mpi_transport.allreduce(self.across, None, result, op, True)
+            if finish is not None:
+                finish(result)
+            out.write(lo + mine.start, lo + mine.stop, result)
         self._sync()
         for j in range(self._size):
             if j != me:
@@ -166,6 +182,8 @@ class SharedMemoryAllreduce:
         except OSError:
             room = True  # no /dev/shm: the MPI library keeps its windows elsewhere
         everywhere = bool(self._comm.allreduce(int(room), op=MPI.MIN))
+        if self.across is not None:  # every node must choose this transport, or none
+            everywhere = bool(self.across.allreduce(int(everywhere), op=MPI.MIN))
         if not everywhere and self._rank == 0:
             sys.stderr.write(
                 f"hvdlike: {_SHM_DIR} has less than the {nbytes >> 20} MiB the on-node "
