@@ -5,7 +5,7 @@
 | HVDLIKE_FUSION_THRESHOLD | 67108864 | bytes per fusion buffer in grouped collectives (0 disables fusion) |
 | HVDLIKE_SHM_THRESHOLD | 262144 | blocking all-reduces of at least this many bytes, within one node, use the shared-memory transport |
 | HVDLIKE_SHM_BUFFER | 67108864 | bytes one round of that transport reduces (each rank maps about that much shared memory plus 1/size of it); larger all-reduces take several rounds; 0 disables the transport |
-| HVDLIKE_HIERARCHICAL_ALLREDUCE | auto | all-reduces of the whole world on several nodes (the same number of ranks on each): `auto` and `1` reduce inside each node through shared memory, across nodes among ranks of equal local rank, then share inside the node, for buckets of at least HVDLIKE_SHM_THRESHOLD bytes; `0`: flat MPI_Allreduce |
+| HVDLIKE_HIERARCHICAL_ALLREDUCE | auto | all-reduce buckets of at least HVDLIKE_SHM_THRESHOLD bytes of the whole world on several nodes (the same number of ranks on each): `1` reduces inside each node through shared memory, across nodes among ranks of equal local rank, then shares inside the node; `0` runs one flat MPI_Allreduce; `auto` tries both on the first buckets of each size and keeps the faster |
 | HVDLIKE_CYCLE_TIME | 1 | milliseconds between the engine's rounds while some rank waits for others (ten times that when all are idle) |
 | HVDLIKE_CACHE_CAPACITY | 1024 | requests (name + metadata) the engine remembers, so that a repeated one is negotiated with one bit |
 | HVDLIKE_OVERLAP | 1 | in a compiled train step, each gradient goes to the engine as soon as backprop has computed it (0: all of them together after the backward pass) |

@@ -7,4 +7,4 @@ bash scripts/setup_venv.sh
 bash scripts/setup_test_extras.sh
 export HVDLIKE_TEST_MPICH_PREFIX="$PWD/.venv-mpich"
 export TF_CPP_MIN_LOG_LEVEL=2
-exec .venv/bin/python -m pytest -q -p no:cacheprovider tests "$@"
+exec .venv/bin/python -m pytest -q -rs -p no:cacheprovider tests "$@"

@@ -137,6 +137,24 @@ def test_two_hosts_inhomogeneous(cluster, tmp_path):
 
 
 
+def test_bench_cluster_measures_raw_and_hvdlike_and_the_link(tmp_path):
+    """scripts/bench_cluster.py on its own 2 hosts x 2 ranks, one size: every algorithm is
+    timed against raw MPI, and the link carried about the two-level minimum."""
+    out = tmp_path / "bc"
+    p = subprocess.run([sys.executable, str(REPO / "scripts/bench_cluster.py"), "--links",
+                        "1gbit", "--per-host", "2", "--min-size", "1MiB", "--max-size", "1MiB",
+                        "--out", str(out)], text=True, capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    results = json.loads(out.with_suffix(".json").read_text())["results"]
+    assert {(r["algorithm"], r["series"]) for r in results} == {
+        (a, s) for a in ("flat", "hierarchical", "auto") for s in ("raw", "hvdlike")}
+    for r in results:
+        assert r["bytes"] == 1 << 20 and 50 * 2**20 < r["line_rate"] < 200 * 2**20
+        assert 0.95 < r["link_vs_minimum"] < 1.2, r  # 1 MiB each way, plus headers
+        assert r["time_s"] > 0
+    assert out.with_suffix(".png").exists()
+
+
 def test_bench_train_runs_across_two_test_hosts(tmp_path):
     """scripts/bench_train.py --hosts-link builds its own cluster (a CNN, a few steps)."""
     p = subprocess.run([sys.executable, str(REPO / "scripts/bench_train.py"), "--nps", "2",

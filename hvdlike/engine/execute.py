@@ -3,14 +3,17 @@
 All-reduces that became ready together are fused by bytes (``HVDLIKE_FUSION_THRESHOLD``) per
 (process set, op, factors, reduction dtype). A bucket goes through the on-node shared-memory
 transport straight from the tensors' memory into the results when its set lives on one node
-and it has at least ``HVDLIKE_SHM_THRESHOLD`` bytes (hierarchically, shared memory inside each
-node and MPI across them, when the world spans nodes); otherwise through ``MPI_Allreduce`` (one
-tensor: from its memory into the result; several: packed into a reused fusion buffer). The
-other collectives run one response at a time.
+and it has at least ``HVDLIKE_SHM_THRESHOLD`` bytes; for the world on several nodes, the same
+size of bucket goes hierarchically (shared memory inside each node, MPI across them) with
+HVDLIKE_HIERARCHICAL_ALLREDUCE=1, or where it measured faster with ``auto`` (``choice.py``).
+Otherwise a bucket goes through ``MPI_Allreduce`` (one tensor: from its memory into the
+result; several: packed into a reused fusion buffer). The other collectives run one response
+at a time.
 """
 import functools
 import pickle
 import time
+import weakref
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -19,11 +22,13 @@ from .. import dtypes, fusion
 from ..buffers import ResultCache
 from ..checks import Request
 from ..reduce_ops import ReduceOp
+from .choice import AlgorithmChoice
 
 InPlacePass = Callable[[np.ndarray], None]
 _pool = fusion.BufferPool()
 results = ResultCache()
 ALLREDUCES = ("allreduce", "grouped_allreduce")
+_choices: "weakref.WeakKeyDictionary[Any, AlgorithmChoice]" = weakref.WeakKeyDictionary()
 
 
 class Work(NamedTuple):
@@ -189,7 +194,15 @@ def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray],
     recvs = sends if not as_is else [empty(a.shape, work) for a in arrays]
     total = sum(r.nbytes for r in recvs)
     shm = ps._shm
-    if shm is not None and total >= st.settings.shm_threshold and shm.reserve(total):
+    use_shm = shm is not None and total >= st.settings.shm_threshold and shm.reserve(total)
+    choice = None
+    if use_shm and shm.across is not None and st.settings.hierarchical_allreduce == "auto":
+        choice = _choices.get(shm)
+        if choice is None:
+            choice = _choices[shm] = AlgorithmChoice(ps._comm)
+        use_shm = choice.hierarchical(total)
+    started = time.perf_counter()
+    if use_shm:
         _shm_allreduce(shm, sends, recvs, wire, scale, work)
         clock.done("SHM_ALLREDUCE" if shm.across is None else "HIERARCHICAL_ALLREDUCE")
     elif len(recvs) == 1:
@@ -214,6 +227,8 @@ def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray],
             offset += r.size
         _pool.release(base)
         clock.done("MEMCPY_OUT_FUSION_BUFFER")
+    if choice is not None:
+        choice.record(total, use_shm, time.perf_counter() - started)
     out = [_result(r, a.dtype, empty) for r, a in zip(recvs, arrays)]
     if work != dtype and dtype.kind != "b":
         clock.done("CAST_OUT")

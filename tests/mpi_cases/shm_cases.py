@@ -87,3 +87,17 @@ def windows_survive_shutdown_and_init() -> Dict[str, Any]:
     third = float(hvd.allreduce(x, op=hvd.Sum, process_set=pairs)[0]) if pairs.included() else None
     hvd.remove_process_set(pairs)
     return dict(first=first, second=second, third=third)
+
+
+def auto_choice(sizes: List[int], calls: int) -> Dict[str, Any]:
+    """``calls`` all-reduces of each size under HVDLIKE_HIERARCHICAL_ALLREDUCE=auto: every
+    result, and what the choice tried and kept per size class."""
+    from hvdlike.engine import execute
+    sums = []
+    for nbytes in sizes:
+        for i in range(calls):
+            x = inputs(nbytes, "float32", hvd.rank() + i)
+            sums.append(hvd.allreduce(x, op=hvd.Sum, name=f"auto.{nbytes}.{i}"))
+    choice = execute._choices[hvd.global_process_set._shm]
+    return dict(sums=sums, picked=dict(choice.picked),
+                tried={c: (len(f), len(h)) for c, (f, h) in choice._times.items()})

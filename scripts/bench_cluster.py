@@ -1,0 +1,300 @@
+#!/usr/bin/env python
+"""The network-bound all-reduce benchmark, on the test cluster (root only)::
+
+    python scripts/bench_cluster.py [--links 1gbit,10gbit,none] [--per-host 1,2] \
+        [--max-size 256MiB] [--out results/bench_cluster]
+
+For each link speed (``none``: unshaped veth) it builds 2 test hosts
+(hvdlike.testing.cluster), measures the link's TCP line rate with a plain socket stream, and
+then, for 1 and 2 ranks per host, runs one MPI job per hvdlike algorithm:
+
+* ``flat`` (HVDLIKE_HIERARCHICAL_ALLREDUCE=0): hvdlike's all-reduce is one MPI_Allreduce;
+* ``hierarchical`` (=1; only with 2+ ranks per host): shared memory inside each host, MPI
+  across hosts among ranks of equal local rank, shared memory again;
+* ``auto``: hvdlike's default, which tries both on the first buckets of each size (those
+  calls are not timed) and keeps the faster.
+
+Each job also times raw ``comm.Allreduce`` (mpi4py, preallocated buffers) on the same sizes,
+one call of each in turn, so every ratio compares against a baseline measured in the same run
+and drift in the machine's load hits both alike. Every call starts together after a barrier
+(as a training step's does); the time is the slowest rank's, the median over the
+repetitions. Reported per size: time, algbw (bytes / time), busbw
+(algbw x 2(P-1)/P), the ratio to the bandwidth-optimal bound (each host must send
+2(H-1)/H of the data over its link: bound = that / measured line rate), the ratio to raw MPI,
+and the bytes each host sent over its link per all-reduce (veth counters) against that
+two-level minimum. Prints a table, writes OUT.json and OUT.png.
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+PORT = 47211
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"(\d+)\s*(B|KiB|MiB|GiB)", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 64KiB or 256MiB")
+    return int(m.group(1)) * UNITS[m.group(2)]
+
+
+def human(nbytes: float) -> str:
+    for unit in ("GiB", "MiB", "KiB"):
+        if nbytes >= UNITS[unit]:
+            return f"{nbytes / UNITS[unit]:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+# ----------------------------------------------------------------------------- on the ranks
+
+def worker(sizes: List[int], out: str) -> None:
+    """Run under mpirun on the test hosts: time raw MPI_Allreduce and hvdlike's all-reduce,
+    and read this host's link counter around each series."""
+    import numpy as np
+    from mpi4py import MPI
+
+    import hvdlike as hvd
+
+    hvd.init()
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    counts_bytes = hvd.local_rank() == 0  # one reader of the counter per host
+
+    def sent() -> int:
+        if not counts_bytes:
+            return 0
+        total = 0
+        for line in Path("/proc/self/net/dev").read_text().splitlines()[2:]:  # this netns
+            dev, counters = line.split(":", 1)
+            if dev.strip() != "lo":
+                total += int(counters.split()[8])  # transmitted bytes
+        return total
+
+    warm_up = 1
+    if os.environ.get("HVDLIKE_HIERARCHICAL_ALLREDUCE") == "auto":
+        from hvdlike.engine.choice import TRIALS
+        warm_up = 2 * TRIALS + 1  # auto's trials of both algorithms, then its choice is timed
+
+    def timed(call: Any) -> Tuple[float, float]:
+        """(slowest rank's seconds, most bytes a host sent) of one call started together."""
+        comm.Barrier()
+        before = sent()
+        t0 = time.perf_counter()
+        call()
+        seconds = time.perf_counter() - t0
+        comm.Barrier()  # every rank is done: all of this call's bytes have left
+        link = float(sent() - before) if counts_bytes else -1.0
+        return (comm.allreduce(seconds, op=MPI.MAX), comm.allreduce(link, op=MPI.MAX))
+
+    def summary(samples: List[Tuple[float, float]]) -> Dict[str, float]:
+        return {"time": statistics.median(s[0] for s in samples),
+                "link_bytes": statistics.median(s[1] for s in samples)}
+
+    rows = []
+    for nbytes in sizes:
+        n = nbytes // 4
+        x = np.full(n, rank + 1, np.float32)
+        recv = np.empty_like(x)
+        got = hvd.allreduce(x, op=hvd.Sum, name=f"check.{nbytes}")
+        want = comm.Get_size() * (comm.Get_size() + 1) / 2
+        if not (got[0] == want and got[-1] == want):
+            raise SystemExit(f"rank {rank}: wrong all-reduce result at {nbytes} bytes")
+        raw_call = lambda: comm.Allreduce(x, recv, MPI.SUM)  # noqa: E731
+        mine_call = lambda: hvd.allreduce(x, op=hvd.Sum, name=f"bench.{nbytes}")  # noqa: E731
+        raw_call()  # warm-up: connections, windows, buffers (and auto's trials)
+        for _ in range(warm_up):
+            mine_call()
+        raw, mine = [], []
+        reps = 30 if nbytes < (1 << 20) else 10 if nbytes <= (16 << 20) else 5
+        for _ in range(reps):  # interleaved: drift in the machine's load hits both alike
+            raw.append(timed(raw_call))
+            mine.append(timed(mine_call))
+        rows.append({"bytes": nbytes, "raw": summary(raw), "hvdlike": summary(mine)})
+    if rank == 0:
+        Path(out).write_text(json.dumps(rows))
+    hvd.shutdown()
+
+
+# ----------------------------------------------------------------------------- the driver
+
+def line_rate(cluster: Any, seconds: float = 1.5) -> float:
+    """Bytes/s of one TCP stream from host 0 to host 1 (what a single link carries)."""
+    server = (
+        "import socket,time\n"
+        f"s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+        f"s.bind(('{cluster.addresses[1]}',{PORT}));s.listen(1);c,_=s.accept()\n"
+        "n=0;t0=None\n"
+        "while True:\n"
+        "  b=c.recv(1<<20)\n"
+        "  if not b: break\n"
+        "  if t0 is None: t0=time.perf_counter()\n"
+        "  else: n+=len(b)\n"
+        "print(n/(time.perf_counter()-t0))\n")
+    client = (
+        "import socket,time\n"
+        f"c=socket.create_connection(('{cluster.addresses[1]}',{PORT}))\n"
+        f"buf=bytes(4<<20);end=time.perf_counter()+{seconds}\n"
+        "while time.perf_counter()<end: c.sendall(buf)\n"
+        "c.close()\n")
+    srv = subprocess.Popen(cluster.command_on(1, [sys.executable, "-c", server]),
+                           stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    subprocess.run(cluster.command_on(0, [sys.executable, "-c", client]), check=True,
+                   timeout=60)
+    out, _ = srv.communicate(timeout=60)
+    return float(out.strip())
+
+
+def run_job(cluster: Any, per_host: int, algorithm: str, sizes: List[int],
+            tmp: Path) -> List[Dict[str, Any]]:
+    mpirun = str(Path(sys.executable).parent / "mpirun")
+    out = tmp / f"{per_host}-{algorithm}.json"
+    program = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out),
+               "--sizes", ",".join(str(s) for s in sizes)]
+    names = ["PYTHONPATH", "OMPI_MCA_osc", "HVDLIKE_HIERARCHICAL_ALLREDUCE"]
+    argv = cluster.command_on(0, cluster.mpirun_argv(
+        mpirun, [per_host] * len(cluster.names), program,
+        [a for n in names for a in ("-x", n)]))
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_osc="^ucx", PYTHONPATH=str(REPO),
+               HVDLIKE_HIERARCHICAL_ALLREDUCE={"flat": "0", "hierarchical": "1"}.get(
+                   algorithm, algorithm))
+    p = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=1800)
+    if p.returncode != 0:
+        raise SystemExit(f"the {per_host}-per-host {algorithm} job failed:\n"
+                         f"{p.stdout[-3000:]}{p.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def summarize(rows: List[Dict[str, Any]], hosts: int, per_host: int, rate: float,
+              meta: Dict[str, Any]) -> List[Dict[str, Any]]:
+    ranks = hosts * per_host
+    out = []
+    for r in rows:
+        n = r["bytes"]
+        minimum = 2 * (hosts - 1) / hosts * n  # bytes each host must send over its link
+        for series in ("raw", "hvdlike"):
+            t, link = r[series]["time"], r[series]["link_bytes"]
+            out.append(dict(meta, series=series, bytes=n, time_s=t, algbw=n / t,
+                            busbw=n / t * 2 * (ranks - 1) / ranks,
+                            of_bound=minimum / rate / t, vs_raw=r["raw"]["time"] / t,
+                            link_bytes=link, link_vs_minimum=link / minimum))
+    return out
+
+
+def table(results: List[Dict[str, Any]]) -> str:
+    lines = ["| link | ranks | algorithm | size | raw MPI | hvdlike | hvdlike / raw | "
+             "raw of bound | hvdlike of bound | link bytes / minimum (raw, hvdlike) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    keyed: Dict[Any, Dict[str, Dict[str, Any]]] = {}
+    for r in results:
+        keyed.setdefault((r["link"], r["layout"], r["algorithm"], r["bytes"]), {})[r["series"]] = r
+    for (link, layout, algo, n), s in keyed.items():
+        raw, mine = s["raw"], s["hvdlike"]
+        lines.append(
+            f"| {link} | {layout} | {algo} | {human(n)} | {raw['time_s'] * 1e3:.3g} ms | "
+            f"{mine['time_s'] * 1e3:.3g} ms | {mine['vs_raw']:.2f} | {raw['of_bound']:.2f} | "
+            f"{mine['of_bound']:.2f} | {raw['link_vs_minimum']:.2f}, "
+            f"{mine['link_vs_minimum']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(results: List[Dict[str, Any]], links: List[str], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(links), figsize=(5 * len(links), 4), squeeze=False)
+    for ax, link in zip(axes[0], links):
+        lines: Dict[str, List[Any]] = {}
+        for r in results:
+            if r["link"] != link:
+                continue
+            name = (f"raw MPI, {r['layout']}" if r["series"] == "raw"
+                    else f"hvdlike {r['algorithm']}, {r['layout']}")
+            if r["series"] == "raw" and r["algorithm"] != "flat":
+                continue  # one raw line per layout (from the flat job)
+            lines.setdefault(name, []).append((r["bytes"], r["of_bound"]))
+        for name, points in sorted(lines.items()):
+            xs, ys = zip(*sorted(points))
+            ax.plot(xs, ys, marker="o", ms=3, label=name,
+                    linestyle="--" if name.startswith("raw") else "-")
+        rate = next(r["line_rate"] for r in results if r["link"] == link)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("all-reduce size (bytes)")
+        ax.set_ylabel("fraction of the bandwidth-optimal bound")
+        ax.set_title(f"2 test hosts, link {link} ({rate / 2**20:.0f} MiB/s measured)")
+        ax.set_ylim(0, 1.1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--links", default="1gbit,10gbit,none",
+                   help="comma-separated tc rates, 'none' for an unshaped link")
+    p.add_argument("--per-host", default="1,2", help="ranks per host to measure")
+    p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--min-size", type=parse_size, default=parse_size("1KiB"))
+    p.add_argument("--max-size", type=parse_size, default=parse_size("256MiB"))
+    p.add_argument("--sizes", help=argparse.SUPPRESS)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=str(REPO / "results" / "bench_cluster" / "bench_cluster"))
+    args = p.parse_args()
+    if args.worker:
+        worker([int(s) for s in args.sizes.split(",")], args.worker)
+        return 0
+    from hvdlike.testing.cluster import Cluster, missing_requirements
+    why = missing_requirements()
+    if why:
+        print(f"bench_cluster needs the test cluster: {why}", file=sys.stderr)
+        return 2
+    sizes, s = [], args.min_size
+    while s <= args.max_size:
+        sizes.append(s)
+        s *= 4
+    links = args.links.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="bench_cluster-"))  # each job's figures
+    results: List[Dict[str, Any]] = []
+    for link in links:
+        with Cluster(hosts=args.hosts, link=None if link == "none" else link,
+                     prefix="hvdbc", net=80) as cluster:
+            rate = line_rate(cluster)
+            print(f"link {link}: TCP line rate {rate / 2**20:.0f} MiB/s", flush=True)
+            for per_host in [int(x) for x in args.per_host.split(",")]:
+                for algorithm in ["flat"] + (["hierarchical", "auto"] if per_host > 1 else []):
+                    started = time.time()
+                    rows = run_job(cluster, per_host, algorithm, sizes, tmp)
+                    meta = dict(link=link, line_rate=rate, hosts=args.hosts,
+                                per_host=per_host, layout=f"{args.hosts}x{per_host}",
+                                algorithm=algorithm)
+                    results += summarize(rows, args.hosts, per_host, rate, meta)
+                    print(f"  {args.hosts}x{per_host} {algorithm}: "
+                          f"{time.time() - started:.0f} s", flush=True)
+    print(table(results))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".json").write_text(json.dumps(
+        {"command": shlex.join(sys.argv), "host": socket.gethostname(),
+         "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "results": results},
+        indent=1))
+    plot(results, links, args.out + ".png")
+    print(f"wrote {args.out}.json and {args.out}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
