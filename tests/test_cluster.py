@@ -100,7 +100,7 @@ def _run(cluster, slots, tmp_path, hierarchical="auto"):
     return results, {h: after[h] - before[h] for h in after}
 
 
-@pytest.mark.parametrize("hierarchical", ["auto", "0"])
+@pytest.mark.parametrize("hierarchical", ["1", "0"])
 def test_two_hosts_two_ranks_each(cluster, tmp_path, hierarchical):
     results, sent = _run(cluster, [2, 2], tmp_path, hierarchical)
     size = 4
@@ -114,7 +114,7 @@ def test_two_hosts_two_ranks_each(cluster, tmp_path, hierarchical):
         assert r["gather"] == [q for q in range(size) for _ in range(q + 1)]
         assert r["bcast"] == [size - 1] * 3
         # shared memory inside a host, MPI (TCP) across hosts; the world: both, or flat MPI
-        want = {"world:HIERARCHICAL_ALLREDUCE" if hierarchical == "auto"
+        want = {"world:HIERARCHICAL_ALLREDUCE" if hierarchical == "1"
                 else "world:MPI_ALLREDUCE"}
         if r["rank"] in (0, 1):
             assert r["inside_sum"] == float((2 * big + 1).sum())
@@ -128,7 +128,7 @@ def test_two_hosts_two_ranks_each(cluster, tmp_path, hierarchical):
 
 
 def test_two_hosts_inhomogeneous(cluster, tmp_path):
-    results, _ = _run(cluster, [2, 1], tmp_path)
+    results, _ = _run(cluster, [2, 1], tmp_path, "1")  # even forced: flat
     for r in results:
         assert r["local_size"] == (2 if r["rank"] < 2 else 1)
         assert r["homogeneous"] is False
@@ -203,3 +203,33 @@ def test_a_rank_killed_on_host_b(cluster, ulfm):
         assert r["sizes"] == sizes
         np.testing.assert_allclose(r["w"], _reference(sizes), rtol=1e-12, atol=1e-12)
     assert "WARNING: elastic: ranks [3] of 4 died; 3 ranks go on" in job.output
+
+
+@pytest.mark.parametrize("script", ["srun_pmix.sbatch", "mpirun_in_allocation.sbatch"])
+def test_sbatch_runs_a_2x2_job_across_the_test_hosts(cluster, tmp_path, script):
+    """slurmctld plus one slurmd per test host (node names = host names); the batch script
+    of scripts/slurm/ submitted with sbatch puts 2 ranks on each host, and they all-reduce
+    across them."""
+    from hvdlike.testing.slurm import SlurmOnCluster, missing_slurm
+    why = missing_slurm()
+    if why:
+        pytest.skip(f"Slurm: {why}")
+    out = tmp_path / "job.out"
+    env = {"TRAIN": str(REPO / "tests/mpi_cases/slurm_job.py"), "HVDLIKE_VENV": sys.prefix,
+           "PYTHONPATH": str(REPO), "OMPI_MCA_btl_tcp_if_include": cluster.subnet,
+           "OMPI_MCA_oob_tcp_if_include": cluster.subnet, "OMPI_MCA_mpi_yield_when_idle": "1",
+           "OMPI_MCA_osc": "^ucx", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    with SlurmOnCluster(cluster, str(tmp_path / "slurm")) as slurm:
+        job = slurm.run(["sbatch", "--parsable", "--chdir", str(tmp_path), "-o", str(out),
+                         str(REPO / "scripts/slurm" / script)], env=env).stdout.strip()
+        state = slurm.wait(job, timeout=120)
+    text = out.read_text()
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state + text
+    results = sorted((json.loads(line[len("RESULT "):]) for line in text.splitlines()
+                      if line.startswith("RESULT ")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in results] == [0, 1, 2, 3], text
+    for r in results:
+        assert r["host"] == cluster.names[r["rank"] // 2], r  # 2 ranks per host, in order
+        assert (r["size"], r["local_size"], r["cross_size"]) == (4, 2, 2)
+        assert r["sum"] == 10.0 and r["same"]
