@@ -34,7 +34,6 @@ import numpy as np
 from mpi4py import MPI
 
 from ..reduce_ops import ReduceOp
-from . import mpi as mpi_transport
 
 _UFUNCS: Dict[ReduceOp, Callable[..., Any]] = {
     ReduceOp.AVERAGE: np.add,
@@ -66,6 +65,9 @@ class SharedMemoryAllreduce:
     def __init__(self, comm: Any, max_bytes: int, across: Any = None) -> None:
         self._comm = comm
         self.across = across
+        if across is not None:
+            from .mpi import allreduce  # here: importing it sets MPI's environment defaults
+            self._allreduce_across = allreduce
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         self._max_bytes = max(_round_up(max_bytes, _ALIGN), _ALIGN)
         self._capacity = 0  # input bytes one round can take
@@ -163,7 +165,7 @@ class SharedMemoryAllreduce:
                         finish(dst)
                     out.arrays[i][s:e] = dst
         if self.across is not None:  # this node's sum of chunk r, summed over the nodes
-            mpi_transport.allreduce(self.across, None, result, op, True)
+            self._allreduce_across(self.across, None, result, op, True)
             if finish is not None:
                 finish(result)
             out.write(lo + mine.start, lo + mine.stop, result)

@@ -89,15 +89,17 @@ def windows_survive_shutdown_and_init() -> Dict[str, Any]:
     return dict(first=first, second=second, third=third)
 
 
-def auto_choice(sizes: List[int], calls: int) -> Dict[str, Any]:
-    """``calls`` all-reduces of each size under HVDLIKE_HIERARCHICAL_ALLREDUCE=auto: every
-    result, and what the choice tried and kept per size class."""
-    from hvdlike.engine import execute
+def auto_choice(sizes: List[int], after: int) -> Dict[str, Any]:
+    """All-reduces of each size under HVDLIKE_HIERARCHICAL_ALLREDUCE=auto, as many as its
+    warm-up and trials take plus ``after``: every result, and what the choice tried and kept
+    per size class."""
+    from hvdlike.engine import choice as auto, execute
+    calls = 1 + 2 * auto.TRIALS + after
     sums = []
     for nbytes in sizes:
         for i in range(calls):
             x = inputs(nbytes, "float32", hvd.rank() + i)
             sums.append(hvd.allreduce(x, op=hvd.Sum, name=f"auto.{nbytes}.{i}"))
     choice = execute._choices[hvd.global_process_set._shm]
-    return dict(sums=sums, picked=dict(choice.picked),
+    return dict(sums=sums, calls=calls, trials=auto.TRIALS, picked=dict(choice.picked),
                 tried={c: (len(f), len(h)) for c, (f, h) in choice._times.items()})
