@@ -3,8 +3,11 @@
 Under an MPI with ULFM (``hvdlikerun --elastic``, Open MPI 5 ``--with-ft ulfm``) a dead rank
 does not end the job: the survivors' collectives raise ``RanksFailedError``. ``run`` catches
 it, restores the state last committed, shrinks the world to the survivors
-(``MPI_Comm_shrink``), restarts hvdlike on it, calls the state's reset callbacks, syncs the
-state from the new rank 0 and calls the training function again::
+(``MPI_Comm_shrink``), with ``HVDLIKE_ELASTIC_MAX_NP`` (``hvdlikerun --max-np``) starts new
+processes of the same program in place of the dead (``MPI_Comm_spawn``; they join in
+``hvd.init()`` and take the state in their first ``sync()``), restarts hvdlike on that
+world, calls the state's reset callbacks, syncs the state from the new rank 0 and calls the
+training function again::
 
     state = hvd.elastic.ObjectState(step=0, weights=w)
 
@@ -81,8 +84,9 @@ class State:
             _write_atomically(os.path.join(directory, _STATE_FILE), self._saved)
 
     def check_host_updates(self) -> None:
-        """Horovod raises HostsUpdatedInterrupt here when hosts joined; hvdlike does not grow
-        the world, so there is nothing to check."""
+        """Horovod raises HostsUpdatedInterrupt here when hosts joined; hvdlike has no host
+        discovery (it replaces dead ranks during the reset instead), so there is nothing to
+        check."""
 
     def sync(self) -> None:
         """Every rank takes rank 0's state (collective), then saves it."""
@@ -120,18 +124,20 @@ class ObjectState(State):
 
 def run(func: _F) -> _F:
     """Decorate the training function ``func(state, ...)``: it is called again on the
-    survivors, from the last committed state, each time ranks die. Without ULFM a failure
+    survivors (and the ranks started in place of the dead), from the last committed state,
+    each time ranks die. Without ULFM a failure
     ends the job as usual; with ``HVDLIKE_STATE_DIR`` the first call starts from the
     committed state on disk."""
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        min_size, max_size = _min_size(), _max_size()  # bad values: an error now, not later
         _load_committed(state)
         reset = False
         while True:
             try:
                 if reset:
-                    runtime.shrink_after_failure(_min_size())
+                    runtime.shrink_after_failure(min_size, max_size)
                     state.on_reset()
                 state.sync()
                 return func(state, *args, **kwargs)
@@ -146,12 +152,27 @@ def run(func: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
+def is_replacement() -> bool:
+    """True in a process started in place of a dead rank (``hvdlikerun --max-np``): it runs
+    the script from its start and joins the survivors in ``hvd.init()``."""
+    return runtime.is_replacement()
+
+
 def _min_size() -> int:
-    value = os.environ.get("HVDLIKE_ELASTIC_MIN_NP", "1")
+    return max(1, _whole_number("HVDLIKE_ELASTIC_MIN_NP", "1"))
+
+
+def _max_size() -> int:
+    """``hvdlikerun --max-np``: replace dead ranks up to this many (0: never)."""
+    return _whole_number("HVDLIKE_ELASTIC_MAX_NP", "0")
+
+
+def _whole_number(variable: str, default: str) -> int:
+    value = os.environ.get(variable, default)
     try:
-        return max(1, int(value))
+        return int(value)
     except ValueError:
-        raise ValueError(f"HVDLIKE_ELASTIC_MIN_NP={value!r} is not a whole number") from None
+        raise ValueError(f"{variable}={value!r} is not a whole number") from None
 
 
 def _load_committed(state: State) -> None:

@@ -25,5 +25,6 @@ class RanksFailedError(RuntimeError):
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod's signal that hosts were added or removed. hvdlike's elastic mode does not grow
-    the world (yet), so it never raises this; it exists so that Horovod code catching it ports."""
+    """Horovod's signal that hosts were added or removed. hvdlike has no host discovery: it
+    replaces dead ranks inside the reset that follows their death (``hvdlikerun --max-np``),
+    so it never raises this; it exists so that Horovod code catching it ports."""

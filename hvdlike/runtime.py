@@ -70,7 +70,12 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     from .transport import mpi as transport  # initializes MPI
 
     MPI = transport.MPI
-    world = (MPI.COMM_WORLD if comm is None else comm).Dup()
+    joined = _join_parents(MPI) if comm is None else None
+    if comm is None:
+        comm = MPI.COMM_WORLD if joined is None else joined
+    world = comm.Dup()
+    if joined is not None:
+        joined.Free()
     made = [world]  # communicators to free if init fails half-way
     try:
         rank, size = world.Get_rank(), world.Get_size()
@@ -114,6 +119,30 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     except BaseException:  # the same error on every rank: leave nothing half-initialized
         shutdown()
         raise
+
+
+_replacement: List[bool] = []
+
+
+def is_replacement() -> bool:
+    """True in a process that an elastic reset started in place of a dead rank
+    (``hvdlikerun --max-np``)."""
+    return bool(_replacement)
+
+
+def _join_parents(MPI: ModuleType) -> Optional[Any]:
+    """In a replacement that an elastic reset spawned (``MPI_Comm_spawn``): the world of the
+    survivors and the replacements, merged with this process after them; else None."""
+    parents = MPI.Comm.Get_parent()
+    if parents == MPI.COMM_NULL:
+        return None
+    _replacement.append(True)
+    merged = parents.Merge(high=True)
+    parents.Free()  # Open MPI crashes in MPI_Finalize while a spawn's communicators live
+    if not _finalize_registered:
+        atexit.register(_finalize_with_deadline)
+        _finalize_registered.append(True)
+    return merged
 
 
 def _check_same_settings(world: Any, settings: Settings) -> None:
@@ -166,7 +195,8 @@ def shared_memory_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
 
 def _install_abort_hook(st: _State) -> None:
     previous = sys.excepthook
-    world = st.mpi.COMM_WORLD
+    # after an elastic reset MPI_COMM_WORLD holds dead ranks (a replacement: only itself)
+    world = st.world if _finalize_registered else st.mpi.COMM_WORLD
 
     def abort_job(etype, value, tb):  # type: ignore[no-untyped-def]
         if getattr(value, "hvdlike_quiet", False):
@@ -273,14 +303,17 @@ def failure() -> Optional[Exception]:
     return None if _state is None else _state.engine.failure
 
 
-def shrink_after_failure(min_size: int = 1) -> List[int]:
+def shrink_after_failure(min_size: int = 1, max_size: int = 0) -> List[int]:
     """After ranks died (``failure()`` is set): build a new world of the survivors and start
     hvdlike on it. Collective over the survivors. Returns the old world ranks that died.
 
-    The old world's communicators are revoked; nothing is freed together on them (a dead rank
-    cannot take part). Process sets other than the global one are dropped: register them
-    again, with the new ranks, in a reset callback. Raises RuntimeError on every survivor when
-    fewer than ``min_size`` ranks are left.
+    With ``max_size``, new processes (the same command line, ``MPI_Comm_spawn``) replace the
+    dead up to ``min(max_size, old size)`` ranks; they join after the survivors. When MPI
+    cannot start them (no free slots) the survivors go on alone. The old world's
+    communicators are revoked; nothing is freed together on them (a dead rank cannot take
+    part). Process sets other than the global one are dropped: register them again, with the
+    new ranks, in a reset callback. Raises RuntimeError on every rank when fewer than
+    ``min_size`` ranks are left.
     """
     global _state
     st = state("hvdlike.elastic reset")
@@ -292,7 +325,7 @@ def shrink_after_failure(min_size: int = 1) -> List[int]:
     timeline.stop_timeline()
     log.logger.debug("elastic: shrinking the world")
     survivors = st.world.Shrink()
-    log.logger.debug(f"elastic: shrunk to {survivors.Get_size()} ranks; starting hvdlike on them")
+    log.logger.debug(f"elastic: shrunk to {survivors.Get_size()} ranks")
     _ps._drop_all()
     if st.previous_excepthook is not None:
         sys.excepthook = st.previous_excepthook
@@ -301,17 +334,26 @@ def shrink_after_failure(min_size: int = 1) -> List[int]:
     if not _finalize_registered:
         atexit.register(_finalize_with_deadline)
         _finalize_registered.append(True)
-    try:
-        init(comm=survivors)
-    finally:
-        survivors.Free()
-    new = state()
-    kept = new.world.allgather(old_rank)
+    kept = survivors.allgather(old_rank)
     failed = sorted(set(range(old_size)) - set(kept))
     error.failed[:] = failed
+    world = survivors
+    wanted = min(max_size, old_size) - len(kept)
+    if wanted > 0:
+        world = _spawn_replacements(st.mpi, survivors, wanted)
+    try:
+        init(comm=world)
+    finally:
+        if world is not survivors:
+            world.Free()
+        survivors.Free()
+    new = state()
     if new.rank == 0:
-        log.logger.warning(f"elastic: ranks {failed} of {old_size} died; {new.size} ranks go on, "
-                           f"renumbered 0..{new.size - 1} in their old order")
+        k = len(kept)
+        joined = {0: "", 1: f", and a new rank joined as rank {k}"}.get(
+            new.size - k, f", and {new.size - k} new ranks joined as ranks {k}..{new.size - 1}")
+        log.logger.warning(f"elastic: ranks {failed} of {old_size} died; {k} ranks go on, "
+                           f"renumbered 0..{k - 1} in their old order{joined}")
     log.logger.info(f"elastic: this rank was {old_rank} and is now {new.rank}")
     if new.size < min_size:
         too_few = RuntimeError(
@@ -320,6 +362,30 @@ def shrink_after_failure(min_size: int = 1) -> List[int]:
         too_few.hvdlike_quiet = new.rank != 0  # type: ignore[attr-defined] - rank 0 says it
         raise too_few
     return failed
+
+
+def _spawn_replacements(MPI: ModuleType, survivors: Any, count: int) -> Any:
+    """Start ``count`` processes running this program (collective over the survivors); the
+    world of survivors and new processes, or ``survivors`` when MPI could not start them."""
+    info = MPI.Info.Create()
+    info.Set("wdir", os.getcwd())
+    try:
+        # the interpreter's own arguments (``-m module``, ``-u``) where Python keeps them (3.10+)
+        args = getattr(sys, "orig_argv", [sys.executable, *sys.argv])[1:]
+        spawned = survivors.Spawn(sys.executable, args, maxprocs=count, root=0, info=info)
+    except MPI.Exception as exc:
+        if survivors.Get_rank() == 0:
+            what = "a new rank" if count == 1 else f"{count} new ranks"
+            log.logger.warning(
+                f"elastic: could not start {what} in place of the dead ({exc}); going on with "
+                "the survivors. MPI needs free slots for them: give the job more slots than "
+                "-np (e.g. -H host:N, a hostfile, a larger allocation) or --oversubscribe")
+        return survivors
+    finally:
+        info.Free()
+    merged = spawned.Merge(high=False)
+    spawned.Free()  # Open MPI crashes in MPI_Finalize while a spawn's communicators live
+    return merged
 
 
 def rank() -> int:

@@ -20,6 +20,7 @@
 | HVDLIKE_NODE_NAMES | (unset) | comma-separated node name per world rank, overriding MPI's topology |
 | HVDLIKE_STATE_DIR | (unset) | `hvdlike.elastic`: commits also write the state here, and `elastic.run` resumes from it (`hvdlikerun --state-dir`) |
 | HVDLIKE_ELASTIC_MIN_NP | 1 | `hvdlike.elastic`: stop when fewer ranks than this survive (`hvdlikerun --min-np`) |
+| HVDLIKE_ELASTIC_MAX_NP | 0 | `hvdlike.elastic`: start new ranks in place of dead ones, up to this many (`hvdlikerun --max-np`; 0: never) |
 """
 import dataclasses
 import os

@@ -167,26 +167,33 @@ def test_bench_train_runs_across_two_test_hosts(tmp_path):
     assert "1gbit links between test hosts" in p.stdout
 
 
-@pytest.mark.parametrize("ulfm", [False, True], ids=["plain", "elastic"])
-def test_a_rank_killed_on_host_b(cluster, ulfm):
+def _launch_2x2(cluster, program, env=None, timeout=60, ulfm=False):
+    """``program`` as 2 ranks on each of the two hosts (mpirun runs on host A)."""
+    from mpi_harness import launch
+    mpirun = str(Path(sys.executable).parent / "mpirun")
+    env = dict(env or {}, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_osc="^ucx", PYTHONPATH=str(REPO),
+               HVDLIKE_LOG_LEVEL=os.environ.get("HVDLIKE_LOG_LEVEL", "warning"))
+    extra = [a for n in env for a in ("-x", n)] + (["--with-ft", "ulfm"] if ulfm else [])
+    return launch(4, program, timeout=timeout, env=env, launcher=lambda argv: cluster.command_on(
+        0, cluster.mpirun_argv(mpirun, [2, 2], argv, extra)))
+
+
+@pytest.mark.parametrize("ulfm,replace", [(False, False), (True, False), (True, True)],
+                         ids=["plain", "elastic", "elastic-replaced"])
+def test_a_rank_killed_on_host_b(cluster, ulfm, replace):
     """2 hosts x 2 ranks, rank 3 (host B) SIGKILLs itself before an all-reduce. Plain: the
     job ends on host A within 10 s, naming rank 3 or host B (Open MPI names whichever it
     noticed first: the dead process, or the peer host whose TCP connection dropped).
     Elastic (ULFM): the three survivors on both hosts finish with the result of the same
-    ranks from the last commit on."""
+    ranks from the last commit on; with HVDLIKE_ELASTIC_MAX_NP=4 a new rank 3 joins them
+    and the result is that of four ranks throughout."""
     import time
-    from mpi_harness import launch
     from test_elastic import KILL_STEP, STEPS, _killed_at, _reference, _results
-    mpirun = str(Path(sys.executable).parent / "mpirun")
-    extra = ["-x", "PYTHONPATH", "-x", "OMPI_MCA_osc"] + (["--with-ft", "ulfm"] if ulfm else [])
     program = [sys.executable, str(REPO / "tests/mpi_cases/elastic_cases.py"),
                "before" if ulfm else "plain", "3", str(KILL_STEP), str(STEPS)]
-    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_osc": "^ucx", "PYTHONPATH": str(REPO),
-           "HVDLIKE_LOG_LEVEL": os.environ.get("HVDLIKE_LOG_LEVEL", "warning")}
-    extra += ["-x", "HVDLIKE_LOG_LEVEL"]
-    job = launch(4, program, timeout=60, env=env, launcher=lambda argv: cluster.command_on(
-        0, cluster.mpirun_argv(mpirun, [2, 2], argv, extra)))
+    job = _launch_2x2(cluster, program, ulfm=ulfm,
+                      env={"HVDLIKE_ELASTIC_MAX_NP": "4"} if replace else None)
     ended = time.time()
     assert not job.timed_out, job.output[-5000:]
     if not ulfm:
@@ -197,12 +204,47 @@ def test_a_rank_killed_on_host_b(cluster, ulfm):
         return
     assert job.returncode == 0, job.output[-4000:]
     results = _results(job.output)
-    assert [r["rank"] for r in results] == [0, 1, 2], job.output[-4000:]
-    sizes = [4] * KILL_STEP + [3] * (STEPS - KILL_STEP)
+    assert [r["rank"] for r in results] == list(range(4 if replace else 3)), job.output[-4000:]
+    sizes = [4] * KILL_STEP + [4 if replace else 3] * (STEPS - KILL_STEP)
     for r in results:
         assert r["sizes"] == sizes
         np.testing.assert_allclose(r["w"], _reference(sizes), rtol=1e-12, atol=1e-12)
     assert "WARNING: elastic: ranks [3] of 4 died; 3 ranks go on" in job.output
+    assert ("a new rank joined as rank 3" in job.output) == replace
+
+
+def test_a_collective_skipped_on_host_b_ends_every_rank_naming_rank_and_tensor(cluster):
+    """The stall inspector across the link: rank 3 (host B) skips a cached all-reduce; all
+    four ranks print the same shutdown report and exit within the shutdown time + 5 s."""
+    import re
+    import time
+    from test_stall import STALL
+    job = _launch_2x2(cluster, [sys.executable, str(REPO / "tests/mpi_cases/stall_cases.py"),
+                                "cached", "3"], env=STALL, timeout=60)
+    ended = time.time()
+    assert not job.timed_out, job.output[-4000:]
+    assert job.returncode != 0 and "RESULT" not in job.output
+    start = float(re.search(r"^STALL_START (\S+)$", job.output, re.M).group(1))
+    for rank in range(4):
+        lines = [line for line in job.output.splitlines()
+                 if line.startswith(f"hvdlike[{rank}]: ERROR: stall shutdown")]
+        assert len(lines) == 1, f"rank {rank}:\n{job.output[-3000:]}"
+        assert "ranks [0, 1, 2] have waited" in lines[0]
+        assert "allreduce 'layer1/kernel', which ranks [3] have not submitted" in lines[0]
+    assert ended - start <= 3 + 5, f"ended {ended - start:.1f} s after the stall began"
+
+
+def test_an_uncaught_exception_on_host_b_aborts_both_hosts(cluster):
+    import re
+    import time
+    job = _launch_2x2(cluster, [sys.executable, str(REPO / "tests/mpi_cases/failure_cases.py"),
+                                "hvdlike", "3"], timeout=30)
+    assert not job.timed_out, "the job hung: host A's ranks were not aborted"
+    assert job.returncode != 0
+    assert job.output.count("RuntimeError: rank 3 fails before the allreduce") == 1
+    assert "hvdlike: rank 3 of 4 raised an uncaught RuntimeError" in job.output
+    took = time.time() - float(re.search(r"^FAILING_AT (\S+)$", job.output, re.M).group(1))
+    assert took <= 10, f"the job ended {took:.1f} s after the exception"
 
 
 @pytest.mark.parametrize("script", ["srun_pmix.sbatch", "mpirun_in_allocation.sbatch"])

@@ -73,6 +73,49 @@ def test_survivors_finish_from_the_last_commit_with_the_reference_result(np_, vi
                         f"{np_ - 1} ranks go on, renumbered 0..{np_ - 2} in their old order"]
 
 
+@pytest.mark.parametrize("np_,victim,mode,flags", [
+    (4, 2, "before", ["--max-np", "4"]), (4, 0, "during", ["--max-np", "4"]),
+    (2, 1, "before", ["-H", "localhost:3", "--max-np", "2", "--min-np", "2"])])
+def test_max_np_starts_new_ranks_in_place_of_the_dead(np_, victim, mode, flags):
+    """The survivors spawn one process of the same program; it joins as the last rank, takes
+    the committed state from rank 0, and the job ends as if nobody had died (the gradients
+    depend only on rank, size and step). With --min-np equal to -np the job goes on too:
+    the minimum counts the world after the replacement."""
+    job, _ = _run(np_, mode, victim, flags)
+    assert job.returncode == 0, job.output[-4000:]
+    results = _results(job.output)
+    assert [r["rank"] for r in results] == list(range(np_)), job.output[-4000:]
+    want = _reference([np_] * STEPS)
+    for r in results:
+        assert r["size"] == np_ and r["sizes"] == [np_] * STEPS
+        assert r["resets"] == ([] if r["rank"] == np_ - 1 else [np_])  # the new rank: none
+        np.testing.assert_allclose(r["w"], want, rtol=1e-12, atol=1e-12)
+    warnings = [line for line in job.output.splitlines() if "WARNING: elastic:" in line]
+    assert warnings == [f"hvdlike[0]: WARNING: elastic: ranks [{victim}] of {np_} died; "
+                        f"{np_ - 1} ranks go on, renumbered 0..{np_ - 2} in their old order, "
+                        f"and a new rank joined as rank {np_ - 1}"]
+
+
+def test_max_np_without_a_free_slot_goes_on_with_the_survivors():
+    """Plain mpirun, 2 ranks on 2 slots (hvdlikerun would add --oversubscribe): Open MPI keeps
+    the dead rank's slot, the spawn fails, and the survivor goes on alone. Open MPI then
+    ends with its own non-zero status for the failed spawn (docs/reliability.md)."""
+    mpirun = str(Path(sys.executable).parent / "mpirun")
+    program = [sys.executable, CASES, "before", "1", str(KILL_STEP), str(STEPS)]
+    env = {"HVDLIKE_ELASTIC_MAX_NP": "2", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx",
+           "PYTHONPATH": str(REPO)}
+    job = launch(2, program, timeout=90, env=env, launcher=lambda argv: [
+        mpirun, "--with-ft", "ulfm", "--host", "localhost:2", "-np", "2", *argv])
+    assert not job.timed_out, job.output[-4000:]
+    assert "WARNING: elastic: could not start a new rank in place of the dead" in job.output
+    assert "MPI needs free slots for them" in job.output
+    (result,) = _results(job.output)
+    sizes = [2] * KILL_STEP + [1] * (STEPS - KILL_STEP)
+    assert result["sizes"] == sizes
+    np.testing.assert_allclose(result["w"], _reference(sizes), rtol=1e-12, atol=1e-12)
+
+
 def test_without_elastic_run_a_death_under_ulfm_ends_the_job_naming_the_rank():
     job, ended = _run(4, "plain", 2, ["--elastic"])
     assert job.returncode != 0

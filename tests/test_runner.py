@@ -177,6 +177,20 @@ def test_elastic_adds_ulfm_and_min_np_where_open_mpi_has_it(openmpi, tmp_path):
     assert f"HVDLIKE_STATE_DIR={tmp_path}" in words[:start]
 
 
+@pytest.mark.parametrize("hosts", [None, "localhost:3"])
+def test_max_np_implies_elastic_and_leaves_room_for_new_ranks(openmpi, hosts):
+    """One host without -H: --oversubscribe, because Open MPI keeps a dead rank's slot.
+    With -H the user's slot counts decide."""
+    done = run_launcher("-np", "2", "--max-np", "2", *(["-H", hosts] if hosts else []),
+                        "--dry-run", "python", "t.py")
+    assert done.returncode == 0, done.stderr
+    words = shlex.split(done.stdout)
+    start = words.index(openmpi)
+    assert words[words.index("--with-ft") + 1] == "ulfm"
+    assert "HVDLIKE_ELASTIC_MAX_NP=2" in words
+    assert words[start + 1:].count("--oversubscribe") == (0 if hosts else 1)
+
+
 def test_elastic_with_mpich_fails_at_start_saying_why():
     mpiexec = os.path.join(mpich_prefix(), "bin", "mpiexec")
     done = run_launcher("-np", "2", "--elastic", "--mpirun", mpiexec, "python", "t.py")

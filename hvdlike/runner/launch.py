@@ -343,7 +343,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-np", type=int, metavar="N",
                         help="elastic: stop when fewer than N ranks are left (implies --elastic)")
     parser.add_argument("--max-np", type=int, metavar="N",
-                        help="elastic: accepted from horovodrun; hvdlike never grows past -np")
+                        help="elastic: start new ranks in place of dead ones, up to N (at most "
+                             "-np; implies --elastic)")
     parser.add_argument("--restarts", type=int, default=0, metavar="K",
                         help="relaunch a failed job up to K times; it resumes from the state "
                              "committed under --state-dir")
@@ -370,12 +371,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         settings.update(_fault_tolerance_env(args))
     except ValueError as exc:
         parser.error(str(exc))
-    elastic = args.elastic or args.min_np is not None
+    elastic = args.elastic or args.min_np is not None or args.max_np is not None
 
     def flavor_args(flavor: Flavor) -> List[str]:
         out = horovod_flags.launcher_args(args, flavor) if horovod_flags.launcher_options_given(
             args) else []
-        return out + (elastic_args(flavor, args.mpirun) if elastic else [])
+        out += elastic_args(flavor, args.mpirun) if elastic else []
+        if (args.max_np is not None and not (args.hosts or args.hostfile)
+                and args.np <= local_cores()):
+            # Open MPI keeps a dead rank's slot: without this a new rank finds none, although
+            # the dead rank's core is free (more than -np ranks never run at once)
+            out.append("--oversubscribe")
+        return out
 
     try:
         if elastic and (args.launcher == "srun" or (args.launcher == "auto" and os.environ.get(
@@ -407,8 +414,10 @@ def _fault_tolerance_env(args: argparse.Namespace) -> Dict[str, str]:
         if not 1 <= args.min_np <= args.np:
             raise ValueError(f"--min-np must lie in 1..{args.np} (-np), got {args.min_np}")
         env["HVDLIKE_ELASTIC_MIN_NP"] = str(args.min_np)
-    if args.max_np is not None and args.max_np < args.np:
-        raise ValueError(f"--max-np {args.max_np} is below -np {args.np}")
+    if args.max_np is not None:
+        if args.max_np < args.np:
+            raise ValueError(f"--max-np {args.max_np} is below -np {args.np}")
+        env["HVDLIKE_ELASTIC_MAX_NP"] = str(args.max_np)
     if args.restarts < 0:
         raise ValueError(f"--restarts must be 0 or more, got {args.restarts}")
     if args.state_dir is not None:

@@ -5,7 +5,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from hvdlike.elastic import ObjectState, State, run  # noqa: F401 - re-exported
+from hvdlike.elastic import ObjectState, State, is_replacement, run  # noqa: F401 - re-exported
 
 
 def _optimizer_variables(optimizer: Any, model: Any) -> List[Any]:

@@ -3,7 +3,8 @@
 ``python elastic_cases.py MODE VICTIM KILL_STEP STEPS``: every rank trains a vector ``w``
 with averaged gradients that depend only on (rank, size, step), commits after every step,
 and prints ``RESULT`` with its final state. ``VICTIM`` kills itself with SIGKILL at
-``KILL_STEP`` (in the first world, and in the first run when restarted):
+``KILL_STEP`` (in the first world, and in the first run when restarted; never in a world
+that replaced dead ranks under ``hvdlikerun --max-np``):
 
 - ``before``: before submitting that step's all-reduce;
 - ``during``: right after submitting it (the others may be inside the transfer);
@@ -48,6 +49,7 @@ def run_out_of_memory() -> None:
 def main() -> None:
     mode, victim, kill_step, steps = sys.argv[1], *map(int, sys.argv[2:5])
     hvd.init()
+    replacement = hvd.elastic.is_replacement()  # started in place of a dead rank
     first_size = hvd.size()
     first_run = os.environ.get("HVDLIKE_RESTART", "0") == "0"
     state = hvd.elastic.ObjectState(step=0, w=np.zeros(DIM), sizes=[])
@@ -57,7 +59,8 @@ def main() -> None:
     def train(state: hvd.elastic.ObjectState) -> None:
         while state.step < steps:
             dying = (hvd.size() == first_size and (first_run or mode == "always")
-                     and hvd.rank() == victim and state.step == kill_step)
+                     and hvd.rank() == victim and state.step == kill_step
+                     and not resets and not replacement)
             if dying and mode == "oom":
                 run_out_of_memory()
             if dying and mode in ("before", "plain", "always"):

@@ -14,7 +14,7 @@ in the list.
 """
 from typing import Any
 
-from hvdlike.elastic import ObjectState, State, run  # noqa: F401 - re-exported
+from hvdlike.elastic import ObjectState, State, is_replacement, run  # noqa: F401 - re-exported
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.elastic import TensorFlowKerasState
 

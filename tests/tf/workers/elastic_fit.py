@@ -6,7 +6,9 @@ kills itself with SIGKILL in the middle of epoch 1. The survivors go back to the
 committed after epoch 0 and fit epochs 1.. on three ranks. Checks: training finishes, every
 survivor has the same weights, and they equal a single process that fits epoch 0 on the
 four shards' global batches and the later epochs on the three survivors' global batches.
-``--with-ft ulfm`` is what lets the survivors go on.
+``--with-ft ulfm`` is what lets the survivors go on. Under ``hvdlikerun --max-np 4`` a new
+rank starts in place of the dead one: it runs this script from the top, joins in
+``hvd.init()``, takes the committed state from rank 0, and epochs 1.. run on four ranks.
 """
 import os
 import signal
@@ -20,6 +22,8 @@ keras = compat.keras()
 BATCH, STEPS, EPOCHS, KILL_EPOCH, KILL_BATCH = 4, 5, 4, 1, 2
 FIRST_SIZE = hvd.size()
 VICTIM = FIRST_SIZE - 1
+REPLACED = "HVDLIKE_ELASTIC_MAX_NP" in os.environ  # hvdlikerun --max-np
+AFTER = FIRST_SIZE if REPLACED else FIRST_SIZE - 1  # ranks after the death
 
 
 def shard(rank, size):
@@ -44,14 +48,15 @@ class Victim(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if (hvd.size() == FIRST_SIZE and hvd.rank() == VICTIM and self.epoch == KILL_EPOCH
-                and batch == KILL_BATCH):
+                and batch == KILL_BATCH and not sizes.get(-1) and not hvdk.elastic.is_replacement()):
             print(f"KILLING rank={hvd.rank()}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
 model = build(distributed=True)
 state = hvdk.elastic.KerasState(model, epoch=0, batch=0)
-sizes = {}
+sizes = {}  # world size per epoch started; -1: reset seen
+state.register_reset_callbacks([lambda: sizes.update({-1: True})])
 
 
 @hvdk.elastic.run
@@ -71,9 +76,12 @@ train(state)
 
 @check("elastic_fit_finishes_on_the_survivors")
 def _():
-    assert hvd.size() == FIRST_SIZE - 1, hvd.size()
+    assert hvd.size() == AFTER, hvd.size()
     assert state.epoch == EPOCHS and state.batch == 0, (state.epoch, state.batch)
-    assert sizes == {0: FIRST_SIZE, KILL_EPOCH: FIRST_SIZE - 1}, sizes
+    sizes.pop(-1, None)
+    want = {KILL_EPOCH: AFTER} if hvdk.elastic.is_replacement() else {0: FIRST_SIZE,
+                                                                      KILL_EPOCH: AFTER}
+    assert sizes == want, sizes
 
 
 @check("elastic_fit_weights_equal_across_survivors")
@@ -88,7 +96,7 @@ def _():
 def _():
     reference = build(distributed=False)
     for epoch in range(EPOCHS):
-        size = FIRST_SIZE if epoch < KILL_EPOCH else FIRST_SIZE - 1
+        size = FIRST_SIZE if epoch < KILL_EPOCH else AFTER
         shards = [shard(r, size) for r in range(size)]
         x = np.concatenate([s[0][i * BATCH:(i + 1) * BATCH] for i in range(STEPS) for s in shards])
         y = np.concatenate([s[1][i * BATCH:(i + 1) * BATCH] for i in range(STEPS) for s in shards])
