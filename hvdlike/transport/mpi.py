@@ -45,7 +45,7 @@ MAX_COUNT = 1 << 30
 
 
 def _large(*counts: Any) -> bool:
-    return any(int(np.sum(c)) > MAX_COUNT for c in counts)
+    return any((c if isinstance(c, int) else int(np.sum(c))) > MAX_COUNT for c in counts)
 
 
 def _pieces(n: int) -> range:
