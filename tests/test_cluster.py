@@ -26,6 +26,14 @@ def cluster():
         yield c
 
 
+def test_a_shaped_link_queues_one_millisecond_of_its_rate():
+    from hvdlike.testing.cluster import queue_bytes
+    assert queue_bytes("1gbit") == 125_000 and queue_bytes("10Gbit") == 1_250_000
+    assert queue_bytes("250mbit") == 31_250 and queue_bytes("1mbit") == 16_000  # floor
+    with pytest.raises(ValueError, match="cannot read the link rate 'fast'"):
+        Cluster(hosts=2, link="fast")
+
+
 def _job(cluster, slots, script, tmp_path):
     """(argv, env) of ``script`` (in tests/mpi_cases) on ``slots[i]`` ranks of host i."""
     mpirun = str(Path(sys.executable).parent / "mpirun")

@@ -3,9 +3,9 @@ buckets, then keep the faster one, per size class.
 
 Which one wins depends on the network and the node, not on anything a rank can read: on two
 test hosts of 2 ranks each (scripts/bench_cluster.py) hierarchical took 1.3-1.75x the time
-of flat MPI over a 1 Gbit/s link (Open MPI's 2-rank all-reduce across hosts uses the link
-less well than its 4-rank one) and won by 1.3-2x on the unshaped link, where memory copies
-dominate. So ``auto`` measures. For each power-of-two class of bucket bytes, after one
+of flat MPI over a 1 Gbit/s link (its cross step, two 2-rank all-reduces sharing the link,
+uses it less well than Open MPI's 4-rank one) and won by 1.3-2x on the unshaped link, where
+memory copies dominate. So ``auto`` measures. For each power-of-two class of bucket bytes, after one
 untimed flat bucket (the first of a size touches new memory), the next ``2 * TRIALS``
 buckets alternate between the two; then each rank's median time of each is reduced with MAX
 over the set (a step waits for the slowest rank), and the faster algorithm is kept for that
