@@ -55,7 +55,7 @@ LINKS_GBIT = [10, 25, 100]
 def fit(points: List[Tuple[float, float]]) -> Tuple[float, float]:
     """(a, b) of t = a + b n: a, the median time of the sizes up to 16 KiB (latency-bound); b,
     the median of (t - a) / n over the sizes from 4 MiB (bandwidth-bound). Medians, because
-    single runs on a shared 2-core machine have outliers (TCP through tbf is bimodal here)."""
+    single calls on a shared 2-core machine have outliers."""
     a = float(np.median([t for n, t in points if n <= 16384]))
     b = float(np.median([(t - a) / n for n, t in points if n >= 4 << 20]))
     return a, b

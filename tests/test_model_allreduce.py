@@ -27,7 +27,7 @@ def test_fit_recovers_latency_and_time_per_byte():
 
 def test_fit_ignores_one_slow_outlier():
     points = synthetic(40e-6, 1 / 100e6)
-    points[-2] = (points[-2][0], points[-2][1] * 1.7)  # one bimodal 64 MiB run
+    points[-2] = (points[-2][0], points[-2][1] * 1.7)  # one slow 64 MiB call
     _, b = model.fit(points)
     assert b == pytest.approx(1 / 100e6, rel=0.02)
 
