@@ -339,7 +339,7 @@ def shrink_after_failure(min_size: int = 1, max_size: int = 0) -> List[int]:
     error.failed[:] = failed
     world = survivors
     wanted = min(max_size, old_size) - len(kept)
-    if wanted > 0:
+    if wanted > 0 and len(kept) + wanted >= min_size:  # else the job ends below: start none
         world = _spawn_replacements(st.mpi, survivors, wanted)
     try:
         init(comm=world)
