@@ -116,6 +116,13 @@ def test_max_np_without_a_free_slot_goes_on_with_the_survivors():
     np.testing.assert_allclose(result["w"], _reference(sizes), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("variable", ["HVDLIKE_ELASTIC_MAX_NP", "HVDLIKE_ELASTIC_MIN_NP"])
+def test_a_bad_elastic_setting_fails_before_training_on_every_rank(variable):
+    job, _ = _run(2, "before", 1, ["--elastic"], env={variable: "four"}, timeout=60)
+    assert job.returncode != 0 and "COMMITTED" not in job.output
+    assert f"ValueError: {variable}='four' is not a whole number" in job.output
+
+
 def test_without_elastic_run_a_death_under_ulfm_ends_the_job_naming_the_rank():
     job, ended = _run(4, "plain", 2, ["--elastic"])
     assert job.returncode != 0
