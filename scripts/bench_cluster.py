@@ -72,6 +72,12 @@ def worker(sizes: List[int], out: str) -> None:
     rank = comm.Get_rank()
     counts_bytes = hvd.local_rank() == 0  # one reader of the counter per host
 
+    def progress(what: str) -> None:  # the driver shows these only if the job hangs or fails
+        print(f"rank {rank} on {hvd.local_rank()}@{os.uname().nodename}: {what}",
+              file=sys.stderr, flush=True)
+
+    progress("initialised")
+
     def sent() -> int:
         if not counts_bytes:
             return 0
@@ -113,15 +119,18 @@ def worker(sizes: List[int], out: str) -> None:
             raise SystemExit(f"rank {rank}: wrong all-reduce result at {nbytes} bytes")
         raw_call = lambda: comm.Allreduce(x, recv, MPI.SUM)  # noqa: E731
         mine_call = lambda: hvd.allreduce(x, op=hvd.Sum, name=f"bench.{nbytes}")  # noqa: E731
+        progress(f"{nbytes} bytes: checked")
         raw_call()  # warm-up: connections, windows, buffers (and auto's trials)
         for _ in range(warm_up):
             mine_call()
+        progress(f"{nbytes} bytes: warmed up")
         raw, mine = [], []
         reps = 30 if nbytes < (1 << 20) else 10 if nbytes <= (16 << 20) else 5
         for _ in range(reps):  # interleaved: drift in the machine's load hits both alike
             raw.append(timed(raw_call))
             mine.append(timed(mine_call))
         rows.append({"bytes": nbytes, "raw": summary(raw), "hvdlike": summary(mine)})
+        progress(f"{nbytes} bytes: timed")
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
     hvd.shutdown()
@@ -158,20 +167,28 @@ def line_rate(cluster: Any, seconds: float = 1.5) -> float:
 
 
 def run_job(cluster: Any, per_host: int, algorithm: str, sizes: List[int],
-            tmp: Path) -> List[Dict[str, Any]]:
+            tmp: Path, timeout: float) -> List[Dict[str, Any]]:
     mpirun = str(Path(sys.executable).parent / "mpirun")
     out = tmp / f"{per_host}-{algorithm}.json"
     program = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out),
                "--sizes", ",".join(str(s) for s in sizes)]
-    names = ["PYTHONPATH", "OMPI_MCA_osc", "HVDLIKE_HIERARCHICAL_ALLREDUCE"]
+    names = ["PYTHONPATH", "OMPI_MCA_osc", "HVDLIKE_HIERARCHICAL_ALLREDUCE",
+             "HVDLIKE_STALL_CHECK_TIME_SECONDS"]
     argv = cluster.command_on(0, cluster.mpirun_argv(
         mpirun, [per_host] * len(cluster.names), program,
         [a for n in names for a in ("-x", n)]))
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_osc="^ucx", PYTHONPATH=str(REPO),
                HVDLIKE_HIERARCHICAL_ALLREDUCE={"flat": "0", "hierarchical": "1"}.get(
-                   algorithm, algorithm))
-    p = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=1800)
+                   algorithm, algorithm),
+               HVDLIKE_STALL_CHECK_TIME_SECONDS="20")  # a stuck hvdlike call names who is late
+    try:
+        p = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        said = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x
+                       for x in (exc.output or "", exc.stderr or ""))
+        raise SystemExit(f"the {per_host}-per-host {algorithm} job had not ended after "
+                         f"{timeout:g} s; what it printed:\n{said[-6000:]}") from None
     if p.returncode != 0:
         raise SystemExit(f"the {per_host}-per-host {algorithm} job failed:\n"
                          f"{p.stdout[-3000:]}{p.stderr[-3000:]}")
@@ -251,6 +268,8 @@ def main() -> int:
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--min-size", type=parse_size, default=parse_size("1KiB"))
     p.add_argument("--max-size", type=parse_size, default=parse_size("256MiB"))
+    p.add_argument("--job-timeout", type=float, default=1800,
+                   help="seconds one mpirun job may take before the benchmark stops")
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", default=str(REPO / "results" / "bench_cluster" / "bench_cluster"))
@@ -278,7 +297,8 @@ def main() -> int:
             for per_host in [int(x) for x in args.per_host.split(",")]:
                 for algorithm in ["flat"] + (["hierarchical", "auto"] if per_host > 1 else []):
                     started = time.time()
-                    rows = run_job(cluster, per_host, algorithm, sizes, tmp)
+                    rows = run_job(cluster, per_host, algorithm, sizes, tmp,
+                                   args.job_timeout)
                     meta = dict(link=link, line_rate=rate, hosts=args.hosts,
                                 per_host=per_host, layout=f"{args.hosts}x{per_host}",
                                 algorithm=algorithm)

@@ -151,7 +151,8 @@ def test_bench_cluster_measures_raw_and_hvdlike_and_the_link(tmp_path):
     out = tmp_path / "bc"
     p = subprocess.run([sys.executable, str(REPO / "scripts/bench_cluster.py"), "--links",
                         "1gbit", "--per-host", "2", "--min-size", "1MiB", "--max-size", "1MiB",
-                        "--out", str(out)], text=True, capture_output=True, timeout=300)
+                        "--job-timeout", "120", "--out", str(out)], text=True,
+                       capture_output=True, timeout=400)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     results = json.loads(out.with_suffix(".json").read_text())["results"]
     assert {(r["algorithm"], r["series"]) for r in results} == {
