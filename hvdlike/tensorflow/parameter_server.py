@@ -148,7 +148,7 @@ class ParameterServerTraining:
         requests = []
         for server, shard in zip(self.servers, self._shards):
             payload = np.concatenate([np.asarray(grads[i], np.float32).reshape(-1)
-                                      for i in shard]).astype(self._wire)
+                                      for i in shard]).astype(self._wire, copy=False)
             header = np.array([_PUSH, 0], np.int64)
             requests.append(self._comm.Isend(header, dest=server, tag=_HEADER))
             requests.append(self._comm.Isend(_bytes(payload), dest=server, tag=_PAYLOAD))
@@ -187,6 +187,7 @@ class ParameterServerTraining:
         saved_at = 0  # ``applied`` at the last checkpoint
         version = self.stats.get("updates", 0)
         last_version = {w: version for w in active}
+        latest, latest_version = np.empty(0, np.float32), -1  # the weights last sent
         header = np.empty(2, np.int64)
         status = _core_mpi().Status()
         while active:
@@ -197,7 +198,7 @@ class ParameterServerTraining:
             else:
                 self._comm.Recv(_bytes(wire), source=worker, tag=_PAYLOAD)
                 pushes[worker] += 1
-                grad = wire.astype(np.float32)
+                grad = wire.astype(np.float32, copy=False)  # used before the next receive
                 if self.total_steps is not None and self._pushes_applied >= self.total_steps:
                     discarded += 1
                     self._reply(worker, stop=True)
@@ -205,7 +206,8 @@ class ParameterServerTraining:
                 self._pushes_applied += 1
                 staleness.append(version - last_version[worker])
                 if worker in sent and version != last_version[worker]:
-                    now = self._shard_weights()
+                    # the weights of the last reply, if nothing was applied since
+                    now = latest if latest_version == version else self._shard_weights()
                     drift.append(float(np.linalg.norm(now - sent[worker])
                                        / max(np.linalg.norm(now), 1e-30)))
                 else:
@@ -235,8 +237,9 @@ class ParameterServerTraining:
                     last_version[w] = version
                     if w in active:
                         lead = max(lead, pushes[w] - slowest)
-                    sent[w] = self._reply(w, stop=self.total_steps is not None
-                                          and self._pushes_applied >= self.total_steps)
+                    sent[w] = latest = self._reply(w, stop=self.total_steps is not None
+                                                   and self._pushes_applied >= self.total_steps)
+                    latest_version = version
                 else:
                     still.append(w)
             waiting = still
@@ -252,16 +255,21 @@ class ParameterServerTraining:
     _pushes_applied = 0
     _apply_fn: Any = None
 
-    def _shard_weights(self) -> np.ndarray:
-        return np.concatenate([np.asarray(self.variables[i].numpy(), np.float32).reshape(-1)
-                               for i in self._shard])
+    def _shard_weights(self, extra: int = 0) -> np.ndarray:
+        """This server's weights, flat, in a new array with ``extra`` more elements after."""
+        parts = [np.asarray(self.variables[i].numpy(), np.float32).reshape(-1)
+                 for i in self._shard]
+        n = sum(p.size for p in parts)
+        out = np.empty(n + extra, np.float32)
+        np.concatenate(parts, out=out[:n])
+        return out
 
     def _reply(self, worker: int, stop: bool) -> np.ndarray:
         """Send ``worker`` this shard's weights (and whether to stop); returns the weights."""
-        weights = self._shard_weights()
-        self._comm.Send(np.concatenate([weights, np.array([1.0 if stop else 0.0], np.float32)]),
-                        dest=worker, tag=_REPLY)
-        return weights
+        message = self._shard_weights(extra=1)
+        message[-1] = 1.0 if stop else 0.0
+        self._comm.Send(message, dest=worker, tag=_REPLY)
+        return message[:-1]
 
     def _apply(self, shard_vars: List[Any], flat: np.ndarray, scale: float = 1.0) -> None:
         """Apply the gradients ``flat`` with the user's optimizer and move the weights
