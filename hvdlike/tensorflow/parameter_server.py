@@ -340,13 +340,14 @@ def _core_mpi() -> Any:
 
 def _wait(request: Any, status: Any = None) -> None:
     """Wait for ``request``, sleeping rather than spinning after the first 50 µs: a server
-    and its workers often share cores, and MPI's blocking receive polls a whole core."""
+    and its workers often share cores, and MPI's blocking receive polls a whole core. Sleeps
+    grow to at most 250 µs, which a reply or push waits at worst past its arrival."""
     start = time.perf_counter()
     sleep = 20e-6
     while not request.Test(status):
         if time.perf_counter() - start > 50e-6:
             time.sleep(sleep)
-            sleep = min(2 * sleep, 1e-3)
+            sleep = min(2 * sleep, 250e-6)
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
