@@ -14,9 +14,12 @@ then, for 1 and 2 ranks per host, runs one MPI job per hvdlike algorithm:
 * ``auto``: hvdlike's default, which tries both on the first buckets of each size (those
   calls are not timed) and keeps the faster.
 
-Each job also times raw ``comm.Allreduce`` (mpi4py, preallocated buffers) on the same sizes,
-one call of each in turn, so every ratio compares against a baseline measured in the same run
-and drift in the machine's load hits both alike. Every call starts together after a barrier
+Each job first times raw ``comm.Allreduce`` (mpi4py, preallocated buffers) on the same
+sizes, then starts hvdlike and times it, so every ratio compares against a baseline measured
+in the same job, seconds apart. Raw MPI runs before ``hvd.init()``, and hvdlike's timing uses
+hvdlike's barrier and reduction: no two threads of a rank ever use MPI at once, which Open
+MPI 5's TCP transport does not survive reliably (docs/multinode.md). Every call starts
+together after a barrier
 (as a training step's does); the time is the slowest rank's, the median over the
 repetitions. Reported per size: time, algbw (bytes / time), busbw
 (algbw x 2(P-1)/P), the ratio to the bandwidth-optimal bound (each host must send
@@ -36,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -60,23 +63,28 @@ def human(nbytes: float) -> str:
 # ----------------------------------------------------------------------------- on the ranks
 
 def worker(sizes: List[int], out: str) -> None:
-    """Run under mpirun on the test hosts: time raw MPI_Allreduce and hvdlike's all-reduce,
-    and read this host's link counter around each series."""
+    """Run under mpirun on the test hosts: time raw MPI_Allreduce on every size, then start
+    hvdlike and time its all-reduce on the same sizes; read this host's link counter around
+    each call. Raw MPI runs before ``hvd.init()`` and hvdlike's timing uses hvdlike's own
+    barrier and reduction, so that no two threads of a rank use MPI at the same time: Open
+    MPI 5's TCP transport can hang when they do (docs/multinode.md)."""
     import numpy as np
     from mpi4py import MPI
 
-    import hvdlike as hvd
-
-    hvd.init()
+    dump_after = float(os.environ.get("BENCH_CLUSTER_DUMP_AFTER", "0"))
+    if dump_after > 0:  # a hung job shows where every thread of every rank was
+        import faulthandler
+        faulthandler.dump_traceback_later(dump_after, exit=False)
     comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
-    counts_bytes = hvd.local_rank() == 0  # one reader of the counter per host
+    rank, size = comm.Get_rank(), comm.Get_size()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank = local.Get_rank()
+    local.Free()
+    counts_bytes = local_rank == 0  # one reader of the counter per host
 
     def progress(what: str) -> None:  # the driver shows these only if the job hangs or fails
-        print(f"rank {rank} on {hvd.local_rank()}@{os.uname().nodename}: {what}",
+        print(f"rank {rank} on {local_rank}@{os.uname().nodename}: {what}",
               file=sys.stderr, flush=True)
-
-    progress("initialised")
 
     def sent() -> int:
         if not counts_bytes:
@@ -88,51 +96,65 @@ def worker(sizes: List[int], out: str) -> None:
                 total += int(counters.split()[8])  # transmitted bytes
         return total
 
+    def series(call: Callable[[int], Any], warm_up: int, barrier: Callable[[], Any],
+               maximum: Callable[[np.ndarray], np.ndarray], name: str) -> Dict[int, Any]:
+        """Per size: the medians of (slowest rank's seconds, most bytes a host sent) over
+        calls that start together after a barrier, as a training step's do."""
+        rows = {}
+        for nbytes in sizes:
+            for _ in range(warm_up):  # connections, windows, buffers (and auto's trials)
+                call(nbytes)
+            samples = []
+            for _ in range(30 if nbytes < (1 << 20) else 10 if nbytes <= (16 << 20) else 5):
+                barrier()
+                before = sent()
+                t0 = time.perf_counter()
+                call(nbytes)
+                seconds = time.perf_counter() - t0
+                barrier()  # every rank is done: all of this call's bytes have left
+                link = float(sent() - before) if counts_bytes else -1.0
+                samples.append(maximum(np.array([seconds, link])))
+            rows[nbytes] = {"time": statistics.median(float(s[0]) for s in samples),
+                            "link_bytes": statistics.median(float(s[1]) for s in samples)}
+            progress(f"{name} {nbytes} bytes: timed")
+        return rows
+
+    held: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+
+    def buffers(n: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(input, output) of n bytes; only one size's are kept."""
+        if n not in held:
+            held.clear()
+            held[n] = (np.full(n // 4, rank + 1, np.float32), np.empty(n // 4, np.float32))
+        return held[n]
+
+    def raw_maximum(a: np.ndarray) -> np.ndarray:
+        comm.Allreduce(MPI.IN_PLACE, a, op=MPI.MAX)
+        return a
+
+    progress("started")
+    raw = series(lambda n: comm.Allreduce(*buffers(n), MPI.SUM), 1, comm.Barrier,
+                 raw_maximum, "raw")
+
+    import hvdlike as hvd
+
+    hvd.init()
+    progress("hvdlike initialised")
+    want = size * (size + 1) / 2
+    for n in sizes:
+        got = hvd.allreduce(buffers(n)[0], op=hvd.Sum, name=f"check.{n}")
+        if not (got[0] == want and got[-1] == want):
+            raise SystemExit(f"rank {rank}: wrong all-reduce result at {n} bytes")
     warm_up = 1
     if os.environ.get("HVDLIKE_HIERARCHICAL_ALLREDUCE") == "auto":
         from hvdlike.engine.choice import TRIALS
         warm_up = 2 * TRIALS + 1  # auto's trials of both algorithms, then its choice is timed
-
-    def timed(call: Any) -> Tuple[float, float]:
-        """(slowest rank's seconds, most bytes a host sent) of one call started together."""
-        comm.Barrier()
-        before = sent()
-        t0 = time.perf_counter()
-        call()
-        seconds = time.perf_counter() - t0
-        comm.Barrier()  # every rank is done: all of this call's bytes have left
-        link = float(sent() - before) if counts_bytes else -1.0
-        return (comm.allreduce(seconds, op=MPI.MAX), comm.allreduce(link, op=MPI.MAX))
-
-    def summary(samples: List[Tuple[float, float]]) -> Dict[str, float]:
-        return {"time": statistics.median(s[0] for s in samples),
-                "link_bytes": statistics.median(s[1] for s in samples)}
-
-    rows = []
-    for nbytes in sizes:
-        n = nbytes // 4
-        x = np.full(n, rank + 1, np.float32)
-        recv = np.empty_like(x)
-        got = hvd.allreduce(x, op=hvd.Sum, name=f"check.{nbytes}")
-        want = comm.Get_size() * (comm.Get_size() + 1) / 2
-        if not (got[0] == want and got[-1] == want):
-            raise SystemExit(f"rank {rank}: wrong all-reduce result at {nbytes} bytes")
-        raw_call = lambda: comm.Allreduce(x, recv, MPI.SUM)  # noqa: E731
-        mine_call = lambda: hvd.allreduce(x, op=hvd.Sum, name=f"bench.{nbytes}")  # noqa: E731
-        progress(f"{nbytes} bytes: checked")
-        raw_call()  # warm-up: connections, windows, buffers (and auto's trials)
-        for _ in range(warm_up):
-            mine_call()
-        progress(f"{nbytes} bytes: warmed up")
-        raw, mine = [], []
-        reps = 30 if nbytes < (1 << 20) else 10 if nbytes <= (16 << 20) else 5
-        for _ in range(reps):  # interleaved: drift in the machine's load hits both alike
-            raw.append(timed(raw_call))
-            mine.append(timed(mine_call))
-        rows.append({"bytes": nbytes, "raw": summary(raw), "hvdlike": summary(mine)})
-        progress(f"{nbytes} bytes: timed")
+    mine = series(lambda n: hvd.allreduce(buffers(n)[0], op=hvd.Sum, name=f"bench.{n}"),
+                  warm_up, hvd.barrier,
+                  lambda a: hvd.allreduce(a, op=hvd.Max, name="bench.max"), "hvdlike")
     if rank == 0:
-        Path(out).write_text(json.dumps(rows))
+        Path(out).write_text(json.dumps([{"bytes": n, "raw": raw[n], "hvdlike": mine[n]}
+                                         for n in sizes]))
     hvd.shutdown()
 
 
@@ -173,7 +195,7 @@ def run_job(cluster: Any, per_host: int, algorithm: str, sizes: List[int],
     program = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out),
                "--sizes", ",".join(str(s) for s in sizes)]
     names = ["PYTHONPATH", "OMPI_MCA_osc", "HVDLIKE_HIERARCHICAL_ALLREDUCE",
-             "HVDLIKE_STALL_CHECK_TIME_SECONDS"]
+             "HVDLIKE_STALL_CHECK_TIME_SECONDS", "BENCH_CLUSTER_DUMP_AFTER"]
     argv = cluster.command_on(0, cluster.mpirun_argv(
         mpirun, [per_host] * len(cluster.names), program,
         [a for n in names for a in ("-x", n)]))
@@ -181,7 +203,8 @@ def run_job(cluster: Any, per_host: int, algorithm: str, sizes: List[int],
                OMPI_MCA_osc="^ucx", PYTHONPATH=str(REPO),
                HVDLIKE_HIERARCHICAL_ALLREDUCE={"flat": "0", "hierarchical": "1"}.get(
                    algorithm, algorithm),
-               HVDLIKE_STALL_CHECK_TIME_SECONDS="20")  # a stuck hvdlike call names who is late
+               HVDLIKE_STALL_CHECK_TIME_SECONDS="20",  # a stuck hvdlike call names who is late
+               BENCH_CLUSTER_DUMP_AFTER=f"{0.8 * timeout:g}")
     try:
         p = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
