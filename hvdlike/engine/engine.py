@@ -16,9 +16,9 @@ background thread ``hvdlike-engine`` does, as soon as work is queued, and every
 idle), so that a rank without work of its own still takes part in its peers' rounds. Because
 every rank runs every round and runs its responses in the same order, the transports can use
 ordinary blocking MPI collectives. MPI is initialised with MPI_THREAD_MULTIPLE (mpi4py's
-default): the engine serialises its own calls with a lock, so hvdlike never has two threads
-in MPI at once; application threads may use MPI on their own communicators meanwhile (but
-see docs/multinode.md: Open MPI 5 over TCP can hang when they do).
+default): the engine serialises its own calls with a lock, so collectives never have two
+threads in MPI at once; application threads may use MPI on their own communicators
+meanwhile (but see docs/multinode.md: Open MPI 5 over TCP can hang when they do).
 """
 import threading
 import time
