@@ -44,8 +44,9 @@ def rank_main(iterations: int, ticker: bool) -> None:
                 request.Start()
                 while not request.Test():
                     time.sleep(50e-6)
-                if (rows[:, 0] != rounds).any():
-                    raise SystemExit(f"round {rounds}: rows {rows[:, 0]}")
+                if (rows[:, 0] != rounds).any():  # rows of different rounds: MPI mixed them
+                    print(f"round {rounds}: rows {rows[:, 0]}", file=sys.stderr, flush=True)
+                    os._exit(3)
                 if rows[:, 1].all():  # every rank has finished its loop
                     return
                 rounds += 1
