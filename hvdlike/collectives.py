@@ -81,16 +81,19 @@ def _engine(process_set: ProcessSet, kind: str) -> Any:
 
 
 def _submit(process_set: ProcessSet, request: Request, error: Optional[checks.LocalError],
-            inputs: Any, blocking: bool = False, on_gpu: Optional[_Inputs] = None) -> Handle:
-    """Hand a request to the engine; ``on_gpu``: the call's arrays when they live on a GPU
-    (the request then says so, and the handle gives results back on the caller's stream)."""
+            inputs: Any, blocking: bool = False, on_gpu: Optional[_Inputs] = None) -> Any:
+    """Hand a request to the engine: returns its handle, or with ``blocking`` its result.
+    ``on_gpu``: the call's arrays when they live on a GPU (the request then says so, and the
+    handle gives results back on the caller's stream)."""
     engine = _engine(process_set, request.kind)
     if on_gpu is None or on_gpu.restore is None:
-        return engine.submit(request, error, inputs, process_set, wake=not blocking)
+        if blocking:
+            return engine.call(request, error, inputs, process_set)
+        return engine.submit(request, error, inputs, process_set)
     handle = engine.submit(request._replace(device="gpu"), error,
                            gpu.submitted(inputs, blocking), process_set, wake=not blocking)
     handle._finish = gpu.finisher(on_gpu.restore)
-    return handle
+    return handle.synchronize() if blocking else handle
 
 
 def _dtype_error(a: np.ndarray) -> Optional[checks.LocalError]:
@@ -112,7 +115,7 @@ def _first(errors: Any) -> Optional[checks.LocalError]:
 
 def _allreduce(xs: Sequence[Any], op: Any, prescale_factor: float, postscale_factor: float,
                name: Optional[str], process_set: ProcessSet, grouped: bool,
-               blocking: bool = False) -> Handle:
+               blocking: bool = False) -> Any:
     op = as_reduce_op(op)
     scale = (float(prescale_factor), float(postscale_factor))
     given = _Inputs(xs)
@@ -140,7 +143,7 @@ def allreduce(x: Any, op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
     dtype kept). float16/bfloat16 are reduced in float32. bool: Sum/Max = or, Min/Product = and.
     """
     return _allreduce([x], op, prescale_factor, postscale_factor, name, process_set, False,
-                      True).synchronize()
+                      True)
 
 
 def allreduce_async(x: Any, op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
@@ -159,7 +162,7 @@ def grouped_allreduce(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE, prescale_fa
     HVDLIKE_FUSION_THRESHOLD bytes, straight from their memory where the transport allows.
     Returns a list of new arrays."""
     return _allreduce(list(xs), op, prescale_factor, postscale_factor, name, process_set, True,
-                      True).synchronize()
+                      True)
 
 
 def grouped_allreduce_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
@@ -178,7 +181,7 @@ def _rows(a: np.ndarray) -> np.ndarray:
 
 
 def _allgather(xs: Sequence[Any], name: Optional[str], process_set: ProcessSet,
-               grouped: bool, blocking: bool = False) -> Handle:
+               grouped: bool, blocking: bool = False) -> Any:
     given = _Inputs(xs)
     arrays = [_rows(a) for a in given.arrays]
     dts = tuple(a.dtype for a in arrays)
@@ -197,7 +200,7 @@ def allgather(x: Any, name: Optional[str] = None,
     Ranks pass the same dtype and the same shape except the first dimension, which may differ
     (a scalar counts as one row). Every rank gets the whole concatenation as a new array.
     """
-    return _allgather([x], name, process_set, False, True).synchronize()
+    return _allgather([x], name, process_set, False, True)
 
 
 def allgather_async(x: Any, name: Optional[str] = None,
@@ -210,7 +213,7 @@ def allgather_async(x: Any, name: Optional[str] = None,
 def grouped_allgather(xs: Sequence[Any], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """``allgather`` of a list of arrays in one MPI call. Returns a list of new arrays."""
-    return _allgather(list(xs), name, process_set, True, True).synchronize()
+    return _allgather(list(xs), name, process_set, True, True)
 
 
 def grouped_allgather_async(xs: Sequence[Any], name: Optional[str] = None,
@@ -240,17 +243,22 @@ def broadcast(x: Any, root_rank: int, name: Optional[str] = None,
     """Every rank gets a new array equal to ``x`` on ``root_rank`` (a world rank in the set).
 
     All ranks pass arrays of the same shape and dtype (non-root contents are ignored)."""
-    return broadcast_async(x, root_rank, name, process_set).synchronize()
+    return _broadcast(x, root_rank, name, process_set, True)
 
 
 def broadcast_async(x: Any, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start ``broadcast``; ``handle.synchronize()`` returns its result."""
+    return _broadcast(x, root_rank, name, process_set, False)
+
+
+def _broadcast(x: Any, root_rank: int, name: Optional[str], process_set: ProcessSet,
+               blocking: bool) -> Any:
     given = _Inputs([x])
     (a,) = given.arrays
     request = Request("broadcast", name, a.dtype, a.shape, None, _root(root_rank))
     return _submit(process_set, request,
-                   _root_error(root_rank, process_set) or _dtype_error(a), [a], False, given)
+                   _root_error(root_rank, process_set) or _dtype_error(a), [a], blocking, given)
 
 
 # ----------------------------------------------------------------------------- alltoall
@@ -284,7 +292,7 @@ def alltoall(x: Any, splits: Any = None, name: Optional[str] = None,
     ``(received, received_splits)`` (Horovod's rule). Ranks pass the same dtype and shape
     after dimension 0.
     """
-    received, received_splits = alltoall_async(x, splits, name, process_set).synchronize()
+    received, received_splits = _alltoall(x, splits, name, process_set, True)
     return received if splits is None else (received, received_splits)
 
 
@@ -292,11 +300,16 @@ def alltoall_async(x: Any, splits: Any = None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set) -> Handle:
     """Start ``alltoall``; ``handle.synchronize()`` returns (received, received_splits),
     whether or not ``splits`` was given."""
+    return _alltoall(x, splits, name, process_set, False)
+
+
+def _alltoall(x: Any, splits: Any, name: Optional[str], process_set: ProcessSet,
+              blocking: bool) -> Any:
     given = _Inputs([x])
     (a,) = given.arrays
     send_splits, error = _splits_or_error(a, splits, process_set.size())
     request = Request("alltoall", name, a.dtype, a.shape[1:])
-    return _submit(process_set, request, error or _dtype_error(a), (a, send_splits), False,
+    return _submit(process_set, request, error or _dtype_error(a), (a, send_splits), blocking,
                    given)
 
 
@@ -310,7 +323,8 @@ def _scatter_error(a: np.ndarray, op: ReduceOp) -> Optional[checks.LocalError]:
 
 
 def _reducescatter(xs: Sequence[Any], op: Any, name: Optional[str], process_set: ProcessSet,
-                   prescale_factor: float, postscale_factor: float, grouped: bool) -> Handle:
+                   prescale_factor: float, postscale_factor: float, grouped: bool,
+                   blocking: bool = False) -> Any:
     given = _Inputs(xs)
     arrays = given.arrays
     op = as_reduce_op(op)
@@ -320,8 +334,8 @@ def _reducescatter(xs: Sequence[Any], op: Any, name: Optional[str], process_set:
     request = Request(kind, name, dts if grouped else dts[0], shapes if grouped else shapes[0],
                       int(op), None, (float(prescale_factor), float(postscale_factor)))
     return _submit(process_set, request,
-                   given.error or _first(_scatter_error(a, op) for a in arrays), arrays, False,
-                   given)
+                   given.error or _first(_scatter_error(a, op) for a in arrays), arrays,
+                   blocking, given)
 
 
 @accepts_tf_values
@@ -333,8 +347,8 @@ def reducescatter(x: Any, op: Any = ReduceOp.AVERAGE, name: Optional[str] = None
     Ranks pass the same shape and dtype; the first dimension is split in rank order, as evenly
     as possible (the first dim0 % size ranks get one extra row). Op semantics as in allreduce.
     """
-    return reducescatter_async(x, op, name, process_set, prescale_factor,
-                               postscale_factor).synchronize()
+    return _reducescatter([x], op, name, process_set, prescale_factor, postscale_factor, False,
+                          True)
 
 
 def reducescatter_async(x: Any, op: Any = ReduceOp.AVERAGE, name: Optional[str] = None,
@@ -351,8 +365,8 @@ def grouped_reducescatter(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[np.ndarray]:
     """``reducescatter`` of a list of arrays, fused per dtype like grouped_allreduce."""
-    return grouped_reducescatter_async(xs, op, name, process_set, prescale_factor,
-                                       postscale_factor).synchronize()
+    return _reducescatter(list(xs), op, name, process_set, prescale_factor, postscale_factor,
+                          True, True)
 
 
 def grouped_reducescatter_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
@@ -369,7 +383,7 @@ def grouped_reducescatter_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Return once every rank of ``process_set`` has called barrier."""
-    _submit(process_set, Request("barrier", None, None, None), None, None, True).synchronize()
+    _submit(process_set, Request("barrier", None, None, None), None, None, True)
 
 
 def join() -> int:
@@ -404,7 +418,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     payload = None
     if error is None and root_rank == runtime.rank():
         payload, error = _pickled(obj, "broadcast_object")
-    return _submit(process_set, request, error, payload, True).synchronize()
+    return _submit(process_set, request, error, payload, True)
 
 
 def allgather_object(obj: Any, name: Optional[str] = None,
@@ -412,4 +426,4 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     """Every rank gets the list of every rank's picklable ``obj``, in rank order."""
     payload, error = _pickled(obj, "allgather_object")
     return _submit(process_set, Request("allgather_object", name, None, None), error,
-                   payload, True).synchronize()
+                   payload, True)

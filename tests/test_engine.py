@@ -78,3 +78,25 @@ def test_a_rank_that_joined_numbers_its_unnamed_calls_after_the_ones_it_served()
     # rank 0 runs more unnamed calls than the engine has names for while rank 1 has joined
     for r in run_mpi(2, "engine_cases:join_after_many_unnamed", timeout=60, steps=600):
         assert r["after"] == [[1.0, 1.0], [3.0, 3.0], [5.0, 5.0]]
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_blocking_calls_run_in_rounds_of_their_own_and_stay_right_around_them(np_):
+    steps = 50
+    results = run_mpi(np_, "engine_cases:blocking_calls_in_rounds_of_their_own", timeout=90,
+                      steps=steps)
+    total = sum(range(1, np_ + 1))
+    for rank, r in enumerate(results):
+        assert r["sums"] == [float(i * np_ * np_ + sum(range(np_))) for i in range(steps)]
+        # most of a loop of blocking calls takes the latency path (a peer's engine tick may
+        # take the odd round); none would if the path were gone
+        assert r["direct"] >= steps // 2, f"rank {rank}: {r['direct']} of {steps}"
+        assert r["late"] == [float(total)] * 2
+        assert r["mixed"] == [float(total)] * 2
+        assert r["fresh"] == [float(np_)] * 2
+        evens = [q for q in range(np_) if q % 2 == 0]
+        assert r["in_set"] == ([[float(sum(q + 1 for q in evens))] * 2] * 3
+                               if rank % 2 == 0 else None)
+        for other in r["others"]:
+            assert other == dict(bcast=[float(np_ - 1)] * 2, gather=[float(q) for q in range(np_)],
+                                 unnamed=[sum(range(np_)) / np_] * 2, obj={"r": 0})

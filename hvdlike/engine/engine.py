@@ -10,7 +10,9 @@ the same sequence of rounds on every rank: gather one small row from every rank
 others, in an order every rank computes alike), complete the handles.
 
 Who runs a round: a thread blocked in ``synchronize()`` (or a blocking collective) runs it
-itself when no round is running (no thread hand-off on the latency path); otherwise the
+itself when no round is running (no thread hand-off); a blocking call of a cached name on a
+rank with nothing else pending runs its round without queue or handle (``call``, the latency
+path); otherwise the
 background thread ``hvdlike-engine`` does, as soon as work is queued, and every
 ``HVDLIKE_CYCLE_TIME`` ms while any rank has work pending (ten times slower when every rank is
 idle), so that a rank without work of its own still takes part in its peers' rounds. Because
@@ -37,12 +39,13 @@ from ..handles import Handle
 from . import execute, execute_gpu
 from .stall import StallInspector
 from .execute import ALLREDUCES, RUNNERS, Work
-from .negotiation import Announcement, Key, Negotiation
+from .negotiation import Announcement, Key, Negotiation, Rows
 
 _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
 _SPIN_SECONDS = 50e-6  # busy-test an exchange this long before sleeping between tests
 _MAX_SLEEP = 200e-6
 NONAME_NAMES = 256  # unnamed requests cycle through this many names
+_GENERAL = object()  # Engine._direct's answer: take the general path (submit, wait)
 
 
 class Entry:
@@ -94,6 +97,7 @@ class Engine:
         self._stuck = False  # every rank had work pending in the last round, none ran
         self._last_round = 0.0
         self._in_flight: List[Work] = []  # the works of the round that is running
+        self.direct_runs = 0  # requests run in a round of their own by Engine.call
         self.stopped = False
         self.failure: Optional[RanksFailedError] = None  # ranks died (ULFM): the engine is over
         self._thread = threading.Thread(target=self._run, name="hvdlike-engine", daemon=True)
@@ -120,6 +124,86 @@ class Engine:
             if wake:
                 self._cv.notify()
         return handle
+
+    def call(self, request: Request, error: Optional[LocalError], inputs: Any,
+             process_set: Any) -> Any:
+        """A blocking collective on host arrays: submit, wait, return the result (or raise).
+
+        The latency path: when no round is running and this rank has nothing else pending,
+        this thread runs the next round at once with the request in its row, without queue,
+        entry or handle, and when every member has the request, runs it and returns. It is an
+        ordinary round for every other rank: they cannot tell it from one run by ``wait``."""
+        outcome: Any = _GENERAL
+        if error is None and self._lock.acquire(blocking=False):
+            try:
+                outcome = self._direct(request, inputs, process_set)
+            finally:
+                self._lock.release()
+            if type(outcome) is not Handle and outcome is not _GENERAL:
+                return outcome
+        if outcome is _GENERAL:
+            outcome = self.submit(request, error, inputs, process_set, wake=False)
+        return outcome.synchronize()
+
+    def _direct(self, request: Request, inputs: Any, process_set: Any) -> Any:
+        """Run ``request`` in a round of its own (``_lock`` held); returns its result, or the
+        handle of the request left pending (not ready on every member, or a round with more
+        to it than this request), or _GENERAL when it must take the general path."""
+        if (self._queue or self._pending or self._join_entry is not None or self._stopping
+                or timeline.current is not None):
+            return _GENERAL
+        set_id = process_set.process_set_id
+        if request.name is None:
+            with self._qlock:
+                k = self._noname.get(set_id, 0)
+                self._noname[set_id] = k + 1
+            request = request._replace(name=f"noname.{k % NONAME_NAMES}")
+        position = self._neg.cached((set_id, request.name), request)
+        if position is None:  # new to the response cache: announced by the general path
+            return self.submit(request, None, inputs, process_set, wake=False)
+        bit = 1 << position
+        try:
+            rows = self._neg.parse(self._exchange(self._neg.row(bit, 0, -1, False,
+                                                                self._stall.flag)))
+        except BaseException as exc:
+            self._round_failed(exc)
+            raise self.failure or exc
+        if rows.announced or rows.stalled or rows.stopping or rows.joined_any:
+            entry = self._pend(request, inputs, process_set, position)
+            try:
+                self._conclude(rows, [], [entry])
+            except BaseException as exc:
+                self._round_failed(exc)
+            return entry.handle
+        # no announcements: the responses are the cached requests every active member has;
+        # of the sets this rank is in, that can only be this one
+        self._round_no += 1
+        self._last_round = time.monotonic()
+        if not all(rows.bits[r] & bit for r in process_set.ranks):
+            self._busy = True
+            self._productive, self._stuck = False, rows.waiting == self._st.size
+            return self._pend(request, inputs, process_set, position).handle
+        self._busy = any(b != bit for b in rows.bits)  # work left somewhere after this round
+        self._productive, self._stuck = True, False
+        self.direct_runs += 1
+        try:
+            if request.kind in ALLREDUCES:
+                return execute.allreduce_now(self._st, request, inputs, process_set)
+            return RUNNERS[request.kind](self._st, Work(request, inputs, process_set, _discard))
+        except Exception as exc:
+            if _is_process_failure(exc, self._ctrl):
+                self._fail(exc)
+                raise self.failure or exc
+            raise
+
+    def _pend(self, request: Request, inputs: Any, process_set: Any, position: int) -> Entry:
+        """``request``, carried in the row of the round that just ran, pending from now on."""
+        entry = Entry(request, None, inputs, process_set, Handle(self))
+        entry.carried = entry.negotiated = entry.submitted
+        entry.position = position
+        self._bits |= 1 << position
+        self._pending[entry.key] = entry
+        return entry
 
     def wait(self, handle: Handle) -> None:
         """Return once ``handle`` is complete, running rounds on this thread when none runs."""
@@ -205,14 +289,18 @@ class Engine:
         try:
             self._negotiate_and_run()
         except BaseException as exc:
-            if _is_process_failure(exc, self._ctrl):
-                self._fail(exc)
-                return
-            # A failure here (not in a collective's data: those go to their handles) leaves
-            # this rank's rounds out of step with its peers': stop the job rather than hang.
+            self._round_failed(exc)
+
+    def _round_failed(self, exc: BaseException) -> None:
+        """A round raised: ranks died (ULFM), or an internal error, which (unlike an error in
+        a collective's data, which goes to its handle) leaves this rank's rounds out of step
+        with its peers': stop the job rather than hang."""
+        if _is_process_failure(exc, self._ctrl):
+            self._fail(exc)
+        else:
             import sys
             import traceback
-            traceback.print_exc()
+            traceback.print_exception(type(exc), exc, exc.__traceback__)
             sys.stderr.write(f"hvdlike: internal error in the engine on rank {self._st.rank}; "
                              "aborting the job\n")
             sys.stderr.flush()
@@ -275,7 +363,11 @@ class Engine:
         announce = self._take_queue(time.perf_counter(), fresh)
         row = self._neg.row(self._bits, len(announce), self._joined_round, self._stopping,
                             self._stall.flag)
-        rows = self._neg.parse(self._exchange(row))
+        self._conclude(self._neg.parse(self._exchange(row)), announce, fresh)
+
+    def _conclude(self, rows: Rows, announce: List[Announcement], fresh: List[Entry]) -> None:
+        """The rest of a round once every rank's row is in, the same on every rank: stall
+        shutdown, announcements, the decision, running the responses."""
         if rows.stalled:  # some rank has waited past the stall shutdown time: every rank ends
             report = self._stall.report(list(self._pending.values()), self._missing,
                                         time.perf_counter())

@@ -114,8 +114,7 @@ def run_allreduces(st: Any, works: Sequence[Work],
     ``empty(shape, dtype)`` makes the result arrays."""
     if len(works) == 1 and len(works[0].inputs) == 1 and trace is None:  # latency path
         work = works[0]
-        (out,) = _allreduce_bucket(st, work, work.inputs, None, empty)
-        work.done(out if work.request.kind == "allreduce" else [out])
+        work.done(allreduce_now(st, work.request, work.inputs, work.process_set, empty))
         return
     tensors: List[Tuple[int, int]] = [(w, i) for w, work in enumerate(works)
                                       for i in range(len(work.inputs))]
@@ -127,7 +126,8 @@ def run_allreduces(st: Any, works: Sequence[Work],
                                                         st.settings.fusion_threshold)):
         members = [tensors[b] for b in bucket]
         phases: Phases = [] if trace is not None else None
-        reduced = _allreduce_bucket(st, works[members[0][0]],
+        first = works[members[0][0]]
+        reduced = _allreduce_bucket(st, first.request, first.process_set,
                                     [works[w].inputs[i] for w, i in members], phases, empty)
         for (w, i), r in zip(members, reduced):
             outs[w][i] = r
@@ -137,6 +137,17 @@ def run_allreduces(st: Any, works: Sequence[Work],
                    "bytes": int(sum(sizes[b] for b in bucket))})
     for work, out in zip(works, outs):
         work.done(out if work.request.kind == "grouped_allreduce" else out[0])
+
+
+def allreduce_now(st: Any, request: Request, inputs: List[np.ndarray], process_set: Any,
+                  empty: Empty = results.empty) -> Any:
+    """The result of one all-reduce response (allreduce or grouped_allreduce) run alone."""
+    if len(inputs) == 1:
+        (out,) = _allreduce_bucket(st, request, process_set, inputs, None, empty)
+        return out if request.kind == "allreduce" else [out]
+    box: List[Any] = []
+    run_allreduces(st, [Work(request, inputs, process_set, box.append)], None, empty)
+    return box[0]
 
 
 class _Clock:
@@ -172,13 +183,19 @@ def _plan(dtype: np.dtype, op_value: int, scale: Tuple[float, float], n: int) ->
                  _scaler(op, postscale, n, _half(dtype, work)))
 
 
-def _allreduce_bucket(st: Any, first: Work, arrays: List[np.ndarray],
+def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
                       phases: Phases = None, empty: Empty = results.empty) -> List[np.ndarray]:
     """All-reduce arrays sharing op, factors and reduction dtype; returns new arrays."""
-    clock = _Clock(phases)
-    request, ps = first.request, first.process_set
     dtype = arrays[0].dtype
     work, wire, as_is, scale = _plan(dtype, request.op, request.scale, ps.size())
+    if (as_is and len(arrays) == 1 and phases is None and dtype.kind != "b"
+            and (ps._shm is None or arrays[0].nbytes < st.settings.shm_threshold)):
+        out = empty(arrays[0].shape, dtype)  # the latency path: one tensor through MPI
+        st.transport.allreduce(ps._comm, arrays[0], out, wire, True)
+        if scale is not None:
+            scale(out)
+        return [out]
+    clock = _Clock(phases)
     # sends: what goes in; recvs: where the reduction lands (in the work dtype)
     if dtype.kind == "b":
         sends = [a.view(np.uint8) for a in arrays]

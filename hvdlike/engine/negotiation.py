@@ -36,6 +36,7 @@ class Rows(NamedTuple):
     bits: List[int]  # each rank's pending cache positions (bit p = position p)
     waiting: int  # how many ranks had something pending (or had joined)
     stalled: bool  # some rank has waited past the stall shutdown time
+    joined_any: bool  # some rank has joined
 
 
 class Announcement(NamedTuple):
@@ -104,7 +105,7 @@ class Negotiation:
         raw = rows.tobytes()
         step, at = self.row_bytes, HEADER * 8
         unpack, from_bytes = _HEADER.unpack_from, int.from_bytes
-        announced, stopping, waiting, stalled = False, True, 0, False
+        announced, stopping, waiting, stalled, joined_any = False, True, 0, False, False
         joined, bits = [], []
         for offset in range(0, self.size * step, step):
             announcing, joined_round, stop, _, stall = unpack(raw, offset)
@@ -112,10 +113,11 @@ class Negotiation:
             announced = announced or announcing > 0
             stopping = stopping and stop == 1
             stalled = stalled or stall == 1
+            joined_any = joined_any or joined_round >= 0
             waiting += bool(announcing or mine or joined_round >= 0)
             joined.append(joined_round)
             bits.append(mine)
-        self.last_rows = Rows(announced, joined, stopping, bits, waiting, stalled)
+        self.last_rows = Rows(announced, joined, stopping, bits, waiting, stalled, joined_any)
         return self.last_rows
 
     # ------------------------------------------------------------------ every rank alike

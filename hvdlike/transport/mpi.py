@@ -55,7 +55,7 @@ def _pieces(n: int) -> range:
 def allreduce(comm: MPI.Comm, send: Optional[np.ndarray], recv: np.ndarray, op: ReduceOp,
               blocking: bool) -> Optional[Request]:
     """Reduce ``send`` (or ``recv`` in place when send is None) into ``recv`` on every rank."""
-    if _large(recv.size):
+    if recv.size > MAX_COUNT:
         flat_recv = recv.reshape(-1)
         flat_send = None if send is None else send.reshape(-1)
         for at in _pieces(recv.size):
@@ -66,6 +66,9 @@ def allreduce(comm: MPI.Comm, send: Optional[np.ndarray], recv: np.ndarray, op: 
     sendbuf = MPI.IN_PLACE if send is None else send
     if not blocking:
         return comm.Iallreduce(sendbuf, recv, _MPI_OPS[op])
+    if op != ReduceOp.MIN and op != ReduceOp.MAX:
+        comm.Allreduce(sendbuf, recv, _MPI_OPS[op])
+        return None
     nan = _local_nans(comm, recv if send is None else send, op)
     comm.Allreduce(sendbuf, recv, _MPI_OPS[op])
     if nan is not None:

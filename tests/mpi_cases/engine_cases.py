@@ -116,3 +116,43 @@ def join_after_many_unnamed(steps: int) -> Dict[str, Any]:
     hvd.join()
     after = [hvd.allreduce(np.full(2, float(rank + i)), op=hvd.Sum).tolist() for i in range(3)]
     return dict(after=after)
+
+
+def blocking_calls_in_rounds_of_their_own(steps: int) -> Dict[str, Any]:
+    """Blocking calls that run in a round of their own on the calling thread (the latency
+    path), next to the cases where it cannot: a late peer, a peer announcing a new name in the
+    same round, other kinds of collective, a process set, unnamed calls. Every result is
+    checked against NumPy by the test."""
+    from hvdlike import runtime
+
+    rank, size = hvd.rank(), hvd.size()
+    engine = runtime.state().engine
+    before = engine.direct_runs
+    sums = [hvd.allreduce(np.full(3, float(i * size + rank)), op=hvd.Sum, name="a")[0]
+            for i in range(steps)]
+    direct = engine.direct_runs - before
+    if rank == size - 1:
+        time.sleep(0.2)  # the others' calls find this rank not ready, and wait
+    late = hvd.allreduce(np.full(2, rank + 1.0), op=hvd.Sum, name="a").tolist()
+    if rank == 0:  # a new name announced in the round where the others run "a" directly
+        handle = hvd.allreduce_async(np.full(2, 1.0), op=hvd.Sum, name="fresh")
+        mixed = hvd.allreduce(np.full(2, rank + 1.0), op=hvd.Sum, name="a").tolist()
+    else:
+        mixed = hvd.allreduce(np.full(2, rank + 1.0), op=hvd.Sum, name="a").tolist()
+        handle = hvd.allreduce_async(np.full(2, 1.0), op=hvd.Sum, name="fresh")
+    fresh = handle.synchronize().tolist()
+    evens = hvd.add_process_set([r for r in range(size) if r % 2 == 0])
+    in_set = None
+    if rank % 2 == 0:
+        in_set = [hvd.allreduce(np.full(2, rank + 1.0), op=hvd.Sum, name="s",
+                                process_set=evens).tolist() for _ in range(3)]
+    others = []
+    for _ in range(3):
+        hvd.barrier()
+        others.append(dict(
+            bcast=hvd.broadcast(np.full(2, float(rank)), root_rank=size - 1, name="b").tolist(),
+            gather=hvd.allgather(np.full((1, 2), float(rank)), name="g")[:, 0].tolist(),
+            unnamed=hvd.allreduce(np.full(2, float(rank)), op=hvd.Average).tolist(),
+            obj=hvd.broadcast_object({"r": rank}, root_rank=0)))
+    return dict(sums=sums, direct=direct, late=late, mixed=mixed, fresh=fresh, in_set=in_set,
+                others=others)
