@@ -217,22 +217,20 @@ class Engine:
 
     def _wait(self, handle: Handle) -> None:
         while not handle._done:
-            if self._lock.acquire(blocking=False):
-                try:
-                    if handle._done:
-                        return
-                    if self.stopped:
-                        raise self.failure or RuntimeError(
-                            "hvdlike was shut down before this request ran")
-                    pause = self._pause()
-                    if pause <= 0:
-                        self._round()
-                        continue
-                finally:
-                    self._lock.release()
-                handle._sleep(pause)
-            else:
-                handle._sleep(self._cycle)
+            # While another thread runs a round, wait for it to end (it may complete this
+            # handle, or have left this request queued for the next round) rather than sleep
+            # a cycle: the background thread leaves the rounds to waiting threads.
+            with self._lock:
+                if handle._done:
+                    return
+                if self.stopped:
+                    raise self.failure or RuntimeError(
+                        "hvdlike was shut down before this request ran")
+                pause = self._pause()
+                if pause <= 0:
+                    self._round()
+                    continue
+            handle._sleep(pause)
 
     def stop(self) -> None:
         """Shut down together with the other ranks (collective); fails what is left."""

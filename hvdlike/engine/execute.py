@@ -11,6 +11,7 @@ result; several: packed into a reused fusion buffer). The other collectives run 
 at a time.
 """
 import functools
+import math
 import pickle
 import time
 import weakref
@@ -118,12 +119,15 @@ def run_allreduces(st: Any, works: Sequence[Work],
         return
     tensors: List[Tuple[int, int]] = [(w, i) for w, work in enumerate(works)
                                       for i in range(len(work.inputs))]
-    keys = [fusion_key(works[w], i) for w, i in tensors]
-    sizes = [works[w].inputs[i].size * dtypes.reduce_dtype(works[w].inputs[i].dtype).itemsize
-             for w, i in tensors]
+    if len(works) == 1 and works[0].request.kind == "grouped_allreduce":  # same plan each step
+        buckets, sizes = _grouped_plan(works[0].request, st.settings.fusion_threshold)
+    else:
+        keys = [fusion_key(works[w], i) for w, i in tensors]
+        sizes = [works[w].inputs[i].size * dtypes.reduce_dtype(works[w].inputs[i].dtype).itemsize
+                 for w, i in tensors]
+        buckets = fusion.plan_buckets(keys, sizes, st.settings.fusion_threshold)
     outs: List[List[Any]] = [[None] * len(work.inputs) for work in works]
-    for number, bucket in enumerate(fusion.plan_buckets(keys, sizes,
-                                                        st.settings.fusion_threshold)):
+    for number, bucket in enumerate(buckets):
         members = [tensors[b] for b in bucket]
         phases: Phases = [] if trace is not None else None
         first = works[members[0][0]]
@@ -137,6 +141,17 @@ def run_allreduces(st: Any, works: Sequence[Work],
                    "bytes": int(sum(sizes[b] for b in bucket))})
     for work, out in zip(works, outs):
         work.done(out if work.request.kind == "grouped_allreduce" else out[0])
+
+
+@functools.lru_cache(maxsize=256)
+def _grouped_plan(request: Request, threshold: int) -> Tuple[List[List[int]], List[int]]:
+    """The buckets and byte sizes of one grouped all-reduce request's tensors fused on their
+    own, as ``fusion_key`` and ``plan_buckets`` make them (computed once per request)."""
+    given = [np.dtype(d) for d in request.dtype]
+    work = [dtypes.reduce_dtype(d) for d in given]
+    keys = [d if d.kind == "b" else w for d, w in zip(given, work)]
+    sizes = [math.prod(shape) * w.itemsize for shape, w in zip(request.shape, work)]
+    return fusion.plan_buckets(keys, sizes, threshold), sizes
 
 
 def allreduce_now(st: Any, request: Request, inputs: List[np.ndarray], process_set: Any,
@@ -267,7 +282,7 @@ def _shm_allreduce(shm: Any, sends: List[np.ndarray], recvs: List[np.ndarray], o
     size = sum(recvs[i].size for i in small)
     send_base, recv_base = _pool.acquire(work, size), _pool.acquire(work, size)
     packed_send, packed_recv = send_base[:size], recv_base[:size]
-    fusion.pack([sends[i] for i in small], packed_send)
+    np.concatenate([sends[i].reshape(-1) for i in small], out=packed_send)
     first, rest = small[0], set(small[1:])  # the packed array takes the first one's place
     keep = [i for i in range(len(recvs)) if i not in rest]
     shm.allreduce_many([packed_send if i == first else sends[i] for i in keep],
