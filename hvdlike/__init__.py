@@ -17,6 +17,7 @@ from .collectives import (
     broadcast,
     broadcast_async,
     broadcast_object,
+    exclusive_mpi,
     grouped_allgather,
     grouped_allgather_async,
     grouped_allreduce,

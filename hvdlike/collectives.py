@@ -10,9 +10,10 @@ once; the blocking form waits on it. Unnamed requests of a process set pair up i
 A mismatch, or bad input on any rank, raises the same error on every rank instead of hanging
 or returning garbage.
 """
+import contextlib
 import functools
 import pickle
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -384,6 +385,28 @@ def grouped_reducescatter_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Return once every rank of ``process_set`` has called barrier."""
     _submit(process_set, Request("barrier", None, None, None), None, None, True)
+
+
+@contextlib.contextmanager
+def exclusive_mpi() -> Iterator[None]:
+    """A block in which your thread is the only one of this process in MPI: hvdlike's engine
+    makes no MPI call from its start to its end. Collective: every rank enters it (in the same
+    order as its other collectives; all engines stop in the same round) and leaves it.
+
+    For MPI calls of your own next to hvdlike (mpi4py on your own communicators): Open MPI 5
+    over TCP can hang when two threads of a process are in MPI at once (docs/multinode.md).
+    Inside the block hvdlike's collectives raise, and so does waiting on a request that has
+    not run yet. Leaving does not wait for the other ranks: this rank's engine goes on, and
+    its next round waits for theirs (a rank that never leaves is what the stall inspector
+    reports).
+    """
+    engine = runtime.state("hvdlike.exclusive_mpi()").engine
+    _submit(global_process_set, Request("exclusive_mpi", "hvdlike.exclusive_mpi", None, None),
+            None, engine.pause, True)
+    try:
+        yield
+    finally:
+        engine.resume()
 
 
 def join() -> int:

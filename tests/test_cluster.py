@@ -55,7 +55,7 @@ def _launcher(cluster, slots):
     mpirun = str(Path(sys.executable).parent / "mpirun")
     names = ["PYTHONPATH", "OMPI_MCA_osc", "TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED",
              "TF_ENABLE_ONEDNN_OPTS", "CUDA_VISIBLE_DEVICES",
-             "HVDLIKE_SHM_THRESHOLD", "HVDLIKE_SHM_BUFFER"]
+             "HVDLIKE_SHM_THRESHOLD", "HVDLIKE_SHM_BUFFER", "HVDLIKE_TEST_CHECKS"]
     return lambda argv: cluster.command_on(0, cluster.mpirun_argv(
         mpirun, slots, argv, [a for n in names for a in ("-x", n)]))
 
@@ -93,6 +93,24 @@ def test_keras_training_across_hosts_equals_one_process_with_the_global_batch(cl
     for check in TRAIN_CHECKS:
         assert job.passed(check, 2), job.output[-6000:]
     assert job.returncode == 0, job.output[-6000:]
+
+
+def test_parameter_servers_on_host_b_train_workers_on_host_a(cluster):
+    """Two of tests/tf/workers/ps_checks.py's checks (synchronous equals one process;
+    asynchronous ends with the servers' weights on every rank) on 2 hosts x 2 ranks with 2
+    servers: the servers are ranks 2 and 3 (host B), the workers ranks 0 and 1 (host A), so
+    every push and pull crosses the link, from the training thread, while hvdlike's engine
+    stays out of MPI (``exclusive_mpi``: two threads in MPI over TCP can hang Open MPI 5)."""
+    pytest.importorskip("tensorflow", reason="needs TensorFlow (pip install -e .[tf])")
+    checks = ["ps_staleness_0_equals_one_process_with_the_global_batch",
+              "ps_async_applies_total_steps_and_every_rank_ends_with_the_servers_weights"]
+    env = {"PYTHONPATH": str(REPO), "OMPI_MCA_osc": "^ucx", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HVDLIKE_TEST_CHECKS": ",".join(checks)}
+    job = run_script(4, "ps_checks.py", 2, timeout=300, env=env,
+                     launcher=_launcher(cluster, [2, 2]))
+    assert not job.timed_out, job.output[-6000:]
+    for check in checks:
+        assert job.passed(check, 4), job.output[-6000:]
 
 
 def _run(cluster, slots, tmp_path, hierarchical="auto"):

@@ -98,6 +98,8 @@ class Engine:
         self._last_round = 0.0
         self._in_flight: List[Work] = []  # the works of the round that is running
         self.direct_runs = 0  # requests run in a round of their own by Engine.call
+        self._paused = False  # inside exclusive_mpi(): no round runs, nothing is submitted
+        self._paused_at = 0.0
         self.stopped = False
         self.failure: Optional[RanksFailedError] = None  # ranks died (ULFM): the engine is over
         self._thread = threading.Thread(target=self._run, name="hvdlike-engine", daemon=True)
@@ -113,6 +115,12 @@ class Engine:
         with self._qlock:
             if self.failure is not None:
                 raise self.failure
+            if self._paused:
+                raise RuntimeError(
+                    f"hvdlike.{request.kind} {request.name or ''!r} was called inside "
+                    f"hvdlike.exclusive_mpi() on rank {self._st.rank}; hvdlike's collectives "
+                    "cannot run there (its engine stays out of MPI until the block ends). Call "
+                    "it before or after the block.")
             if self._stopping:
                 raise RuntimeError(f"hvdlike.{request.kind}: hvdlike is shutting down on this "
                                    "rank; no more collectives can be submitted")
@@ -150,7 +158,7 @@ class Engine:
         handle of the request left pending (not ready on every member, or a round with more
         to it than this request), or _GENERAL when it must take the general path."""
         if (self._queue or self._pending or self._join_entry is not None or self._stopping
-                or timeline.current is not None):
+                or self._paused or timeline.current is not None):
             return _GENERAL
         set_id = process_set.process_set_id
         if request.name is None:
@@ -226,6 +234,12 @@ class Engine:
                 if self.stopped:
                     raise self.failure or RuntimeError(
                         "hvdlike was shut down before this request ran")
+                if self._paused:
+                    raise RuntimeError(
+                        f"hvdlike: synchronize() inside hvdlike.exclusive_mpi() on rank "
+                        f"{self._st.rank} waits for a request that has not run yet; it can only "
+                        "run after the block ends (the engine stays out of MPI inside it). "
+                        "Synchronize before the block or after it.")
                 pause = self._pause()
                 if pause <= 0:
                     self._round()
@@ -234,6 +248,9 @@ class Engine:
 
     def stop(self) -> None:
         """Shut down together with the other ranks (collective); fails what is left."""
+        if self._paused:
+            raise RuntimeError("hvdlike.shutdown() was called inside hvdlike.exclusive_mpi(); "
+                               "shut down after the block ends")
         with self._qlock:
             self._stopping = True
             self._cv.notify()
@@ -246,6 +263,22 @@ class Engine:
         if self._gather is not None:
             self._gather.Free()
         self._ctrl.Free()
+
+    def pause(self) -> None:
+        """Run no more rounds after this one (``exclusive_mpi``: it runs in a round, the same
+        one on every rank), until ``resume``."""
+        self._paused, self._paused_at = True, time.perf_counter()
+
+    def resume(self) -> None:
+        """Run rounds again (this rank only: its next round waits for the other ranks' next
+        round, which they run once they have left their blocks too)."""
+        tl = timeline.current
+        if tl is not None:
+            tl.span("engine", "EXCLUSIVE_MPI", self._paused_at, time.perf_counter())
+        with self._qlock:
+            self._paused = False
+            self._last_round = time.monotonic()
+            self._cv.notify()
 
     def forget_set(self, set_id: int) -> None:
         """A process set is being removed (in a round, on every rank)."""
@@ -261,6 +294,8 @@ class Engine:
         waited for something in the last round and nothing came of it (names submitted in
         different orders: rounds back to back would only spin) or while joined; a tick, to
         keep peers company, otherwise."""
+        if self._paused:
+            return 3600.0  # until resume()
         if self._queue or self._stopping:
             return 0.0
         if self._pending and (self._productive or not self._stuck):

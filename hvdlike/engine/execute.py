@@ -427,7 +427,8 @@ def allgather_object(st: Any, work: Work) -> List[Any]:
 
 
 def call(st: Any, work: Work) -> Any:
-    """Run ``work.inputs`` (a function of no arguments) in the engine: process-set changes."""
+    """Run ``work.inputs`` (a function of no arguments) in the engine: process-set changes,
+    pausing the engine for ``exclusive_mpi``."""
     return work.inputs()
 
 
@@ -436,7 +437,7 @@ RUNNERS: Dict[str, Callable[[Any, Work], Any]] = {
     "alltoall": alltoall, "reducescatter": reducescatter,
     "grouped_reducescatter": reducescatter, "barrier": barrier,
     "broadcast_object": broadcast_object, "allgather_object": allgather_object,
-    "process_set": call,
+    "process_set": call, "exclusive_mpi": call,
 }
 
 

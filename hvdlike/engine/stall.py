@@ -115,8 +115,8 @@ class StallInspector:
         if not self.enabled:
             return warned
         what = (f"the engine's round has had no answer from some rank for {waited:.0f} s: "
-                "a rank has stopped, or its Python is stuck in native code that holds the GIL, "
-                "so its engine cannot take part")
+                "a rank has stopped, is still inside hvdlike.exclusive_mpi(), or its Python is "
+                "stuck in native code that holds the GIL, so its engine cannot take part")
         if self.shutdown and waited >= self.shutdown:
             exit_now(self.rank, f"stall shutdown (HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS="
                                 f"{self.shutdown:g}): {what}")

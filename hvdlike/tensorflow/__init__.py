@@ -6,7 +6,7 @@ from hvdlike import (  # noqa: F401
     RanksFailedError, HostsUpdatedInterrupt, HorovodInternalError,
     mpi_enabled, mpi_built, mpi_threads_supported, gloo_enabled, gloo_built, nccl_built,
     cuda_built, rocm_built, ccl_built, ddl_built, pin_gpu, is_homogeneous, start_timeline,
-    stop_timeline,
+    stop_timeline, exclusive_mpi,
 )
 
 from hvdlike.tensorflow.compression import Compression  # noqa: F401

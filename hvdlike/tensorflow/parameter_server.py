@@ -36,7 +36,9 @@ travel as float16 or bfloat16 (``hvd.Compression``); weights come back in float3
 a new job with the same directory starts from them (e.g. under ``hvdlikerun --restarts``).
 
 Transport: MPI point-to-point (``Isend``/``Recv``) on host buffers, on a communicator of its
-own. Two-sided messages suit a server that must run an optimizer on every arrival: MPI's
+own, inside ``hvdlike.exclusive_mpi()``: hvdlike's engine makes no MPI call while training
+runs, so the training thread is the only one in MPI (Open MPI 5 over TCP can hang when two
+threads of a process are; hvdlike's collectives cannot be used inside ``train``). Two-sided messages suit a server that must run an optimizer on every arrival: MPI's
 one-sided accumulate cannot run a user's optimizer, and passive-target RMA over TCP only
 progresses when the target calls into MPI anyway. Non-trainable variables (e.g. batch-norm
 statistics) stay on each worker; ``run`` ends by giving every rank the servers' weights and
@@ -118,13 +120,14 @@ class ParameterServerTraining:
         done; then every rank gets the final weights. Collective. Returns ``train()``'s result
         on workers, None on servers."""
         result = None
-        if self.is_server:
-            self.serve()
-        else:
-            try:
-                result = train()
-            finally:
-                self._send_done()
+        with _core.exclusive_mpi():  # pushes and pulls: no engine thread in MPI meanwhile
+            if self.is_server:
+                self.serve()
+            else:
+                try:
+                    result = train()
+                finally:
+                    self._send_done()
         self._gather_final_weights()
         return result
 
