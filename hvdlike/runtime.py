@@ -6,6 +6,7 @@ simulate several nodes on one machine.
 """
 import atexit
 import dataclasses
+import functools
 import importlib.util
 import os
 import sys
@@ -40,6 +41,14 @@ class _State:
     node_of_rank: List[int]  # per world rank: the world rank of its node's local rank 0
     engine: Any = None  # hvdlike.engine.Engine: all collective communication goes through it
     previous_excepthook: Optional[Any] = None
+
+    @functools.cached_property
+    def nodes_in_blocks(self) -> bool:
+        """Several nodes with the same number of ranks (at least 2) each, numbered node after
+        node (as ``-H a:2,b:2`` and slot mapping give): what node-by-node collectives need."""
+        n = self.local_size
+        return (self.homogeneous and self.cross_size > 1 and n > 1
+                and all(self.node_of_rank[r] == r - r % n for r in range(self.size)))
 
 
 _state: Optional[_State] = None

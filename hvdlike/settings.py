@@ -6,6 +6,7 @@
 | HVDLIKE_SHM_THRESHOLD | 262144 | blocking all-reduces of at least this many bytes, within one node, use the shared-memory transport |
 | HVDLIKE_SHM_BUFFER | 67108864 | bytes one round of that transport reduces (each rank maps about that much shared memory plus 1/size of it); larger all-reduces take several rounds; 0 disables the transport |
 | HVDLIKE_HIERARCHICAL_ALLREDUCE | auto | all-reduce buckets of at least HVDLIKE_SHM_THRESHOLD bytes of the whole world on several nodes (the same number of ranks on each): `1` reduces inside each node through shared memory, across nodes among ranks of equal local rank, then shares inside the node; `0` runs one flat MPI_Allreduce; `auto` tries both on the first buckets of each size and keeps the faster |
+| HVDLIKE_HIERARCHICAL_ALLGATHER | 1 | all-gathers of the whole world on several nodes with the same number of ranks (at least 2) each, numbered node after node: `1` gathers each node's parts on its first rank, all-gathers the nodes' blocks across nodes and broadcasts inside each node (each node's data crosses the network once per other node); `0` runs one flat MPI_Allgatherv, which sends every rank's part once per remote rank when parts differ in size (equal parts always go through MPI_Allgather, which Open MPI already runs node by node) |
 | HVDLIKE_CYCLE_TIME | 1 | milliseconds between the engine's rounds while some rank waits for others (ten times that when all are idle) |
 | HVDLIKE_CACHE_CAPACITY | 1024 | requests (name + metadata) the engine remembers, so that a repeated one is negotiated with one bit |
 | HVDLIKE_OVERLAP | 1 | in a compiled train step, each gradient goes to the engine as soon as backprop has computed it (0: all of them together after the backward pass) |
@@ -40,10 +41,10 @@ HOROVOD_NAMES = {
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
     "HOROVOD_LOG_LEVEL": "HVDLIKE_LOG_LEVEL",
     "HOROVOD_HIERARCHICAL_ALLREDUCE": "HVDLIKE_HIERARCHICAL_ALLREDUCE",
+    "HOROVOD_HIERARCHICAL_ALLGATHER": "HVDLIKE_HIERARCHICAL_ALLGATHER",
 }
 # Horovod settings hvdlike has no equivalent for (yet): said once per job, then ignored
 HOROVOD_IGNORED = {
-    "HOROVOD_HIERARCHICAL_ALLGATHER": "hvdlike has no hierarchical all-gather yet",
     "HOROVOD_GPU_OPERATIONS": "hvdlike chooses NCCL for GPU arrays where it can; set "
                               "HVDLIKE_GPU_TRANSPORT=nccl or staged to choose",
 }
@@ -74,6 +75,7 @@ class Settings:
     shm_threshold: int = 256 * 1024
     shm_buffer: int = 64 * 1024 * 1024
     hierarchical_allreduce: str = "auto"
+    hierarchical_allgather: str = "1"
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
     overlap: bool = True
@@ -109,6 +111,7 @@ class Settings:
             shm_buffer=_int(env, "HVDLIKE_SHM_BUFFER", cls.shm_buffer),
             hierarchical_allreduce=_choice(env, "HVDLIKE_HIERARCHICAL_ALLREDUCE",
                                            ("auto", "1", "0")),
+            hierarchical_allgather=_choice(env, "HVDLIKE_HIERARCHICAL_ALLGATHER", ("1", "0")),
             cycle_time_ms=_float(env, "HVDLIKE_CYCLE_TIME", cls.cycle_time_ms),
             cache_capacity=_int(env, "HVDLIKE_CACHE_CAPACITY", cls.cache_capacity),
             overlap=_bool(env, "HVDLIKE_OVERLAP", cls.overlap),

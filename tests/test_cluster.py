@@ -40,7 +40,7 @@ def _job(cluster, slots, script, tmp_path):
     if not Path(mpirun).exists():
         mpirun = shutil.which("mpirun")
     env_names = ("PYTHONPATH", "OMPI_MCA_osc", "HVDLIKE_TIMELINE",
-                 "HVDLIKE_HIERARCHICAL_ALLREDUCE")
+                 "HVDLIKE_HIERARCHICAL_ALLREDUCE", "HVDLIKE_HIERARCHICAL_ALLGATHER")
     argv = cluster.command_on(0, cluster.mpirun_argv(
         mpirun, slots, [sys.executable, str(REPO / "tests/mpi_cases" / script)],
         extra=[a for n in env_names for a in ("-x", n)]))
@@ -115,7 +115,8 @@ def test_parameter_servers_on_host_b_train_workers_on_host_a(cluster):
 
 def _run(cluster, slots, tmp_path, hierarchical="auto"):
     argv, env = _job(cluster, slots, "cluster_worker.py", tmp_path)
-    env["HVDLIKE_HIERARCHICAL_ALLREDUCE"] = hierarchical
+    env["HVDLIKE_HIERARCHICAL_ALLREDUCE"] = env["HVDLIKE_HIERARCHICAL_ALLGATHER"] = (
+        "1" if hierarchical == "auto" else hierarchical)
     before = cluster.link_bytes()
     p = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=120)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
@@ -151,6 +152,17 @@ def test_two_hosts_two_ranks_each(cluster, tmp_path, hierarchical):
         assert set(r["transports"]) == want, r["transports"]
     # the 1 MiB all-reduces crossed the link: each host sent at least one copy of them
     assert all(v >= 1 << 20 for v in sent.values()), sent
+    # the ragged all-gather: node by node, each host sends its own ranks' parts once (plus
+    # headers); flat MPI_Allgatherv sends each part once per remote rank, twice here
+    for r in results:
+        assert r["ragged_ok"], r
+    for host in (0, 1):
+        own = 4 * sum(r["ragged_rows"] for r in results if r["rank"] // 2 == host)
+        sent_by_host = results[2 * host]["ragged_sent"]
+        if hierarchical == "1":
+            assert own <= sent_by_host <= 1.1 * own, (host, own, sent_by_host)
+        else:
+            assert sent_by_host >= 1.8 * own, (host, own, sent_by_host)
 
 
 def test_two_hosts_inhomogeneous(cluster, tmp_path):

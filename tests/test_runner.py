@@ -476,8 +476,8 @@ def test_horovodrun_tuning_flags_become_hvdlike_settings(openmpi):
         "-np", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "3.5",
         "--cache-capacity", "256", "--timeline-filename", "/tmp/tl.json", "--timeline-mark-cycles",
         "--stall-check-warning-time-seconds", "20", "--stall-check-shutdown-time-seconds", "90",
-        "--log-level", "debug", "--no-stall-check", "--hierarchical-allreduce", "--dry-run",
-        "python", "train.py").stdout)
+        "--log-level", "debug", "--no-stall-check", "--hierarchical-allreduce",
+        "--hierarchical-allgather", "--dry-run", "python", "train.py").stdout)
     start = words.index(openmpi)
     assigned = dict(w.split("=", 1) for w in words[:start])
     assert {k: v for k, v in assigned.items() if k.startswith("HVDLIKE_")} == {
@@ -485,7 +485,8 @@ def test_horovodrun_tuning_flags_become_hvdlike_settings(openmpi):
         "HVDLIKE_CACHE_CAPACITY": "256", "HVDLIKE_TIMELINE": "/tmp/tl.json",
         "HVDLIKE_TIMELINE_MARK_CYCLES": "1", "HVDLIKE_STALL_CHECK_TIME_SECONDS": "20",
         "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS": "90", "HVDLIKE_LOG_LEVEL": "debug",
-        "HVDLIKE_STALL_CHECK_DISABLE": "1", "HVDLIKE_HIERARCHICAL_ALLREDUCE": "1"}
+        "HVDLIKE_STALL_CHECK_DISABLE": "1", "HVDLIKE_HIERARCHICAL_ALLREDUCE": "1",
+        "HVDLIKE_HIERARCHICAL_ALLGATHER": "1"}
     assert words[-2:] == ["python", "train.py"]
 
 
@@ -512,7 +513,6 @@ def test_horovodrun_launch_flags_become_hydra_options():
 
 
 @pytest.mark.parametrize("flag,words", [
-    (["--hierarchical-allgather"], "no hierarchical all-gather yet"),
     (["--start-timeout", "30"], "`timeout N hvdlikerun ...` bounds the whole job"),
     (["--gloo"], "hvdlike runs on MPI only"),
     (["--fusion-threshold-mb", "big"], "--fusion-threshold-mb 'big' is not a number"),

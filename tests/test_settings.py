@@ -77,13 +77,13 @@ def test_the_hvdlike_name_wins_and_disagreement_and_ignored_settings_are_reporte
     from hvdlike.settings import with_horovod_names
 
     env = {"HVDLIKE_CYCLE_TIME": "2", "HOROVOD_CYCLE_TIME": "5",
-           "HOROVOD_HIERARCHICAL_ALLGATHER": "1"}
+           "HOROVOD_GPU_OPERATIONS": "NCCL"}
     assert Settings.from_env(env).cycle_time_ms == 2.0
     _, notes = with_horovod_names(env)
     assert notes == ["HVDLIKE_CYCLE_TIME='2' and HOROVOD_CYCLE_TIME='5' disagree; using "
                      "HVDLIKE_CYCLE_TIME",
-                     "HOROVOD_HIERARCHICAL_ALLGATHER is ignored: hvdlike has no hierarchical "
-                     "all-gather yet"]
+                     "HOROVOD_GPU_OPERATIONS is ignored: hvdlike chooses NCCL for GPU arrays "
+                     "where it can; set HVDLIKE_GPU_TRANSPORT=nccl or staged to choose"]
     assert with_horovod_names({"HOROVOD_CYCLE_TIME": "5", "HVDLIKE_CYCLE_TIME": "5"})[1] == []
 
 
@@ -92,6 +92,14 @@ def test_a_bad_horovod_value_names_the_horovod_variable():
         Settings.from_env({"HOROVOD_FUSION_THRESHOLD": "64MB"})
     with pytest.raises(ValueError, match="HOROVOD_TIMELINE_MARK_CYCLES='x' is not a boolean"):
         Settings.from_env({"HOROVOD_TIMELINE_MARK_CYCLES": "x", "HOROVOD_TIMELINE": "t.json"})
+
+
+def test_hierarchical_allgather_setting_and_its_horovod_name():
+    assert Settings().hierarchical_allgather == "1"
+    assert Settings.from_env({"HVDLIKE_HIERARCHICAL_ALLGATHER": "0"}).hierarchical_allgather == "0"
+    assert Settings.from_env({"HOROVOD_HIERARCHICAL_ALLGATHER": "0"}).hierarchical_allgather == "0"
+    with pytest.raises(ValueError, match="HVDLIKE_HIERARCHICAL_ALLGATHER='auto' is not one of"):
+        Settings.from_env({"HVDLIKE_HIERARCHICAL_ALLGATHER": "auto"})
 
 
 def test_hierarchical_allreduce_setting_and_its_horovod_name():

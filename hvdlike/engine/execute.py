@@ -312,14 +312,25 @@ def _row_bytes(a: np.ndarray) -> int:
     return a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
 
 
+def _allgatherv(st: Any, ps: Any) -> Callable[..., None]:
+    """How a blocking all-gather of ``ps`` moves its bytes (send, recv, counts): node by node
+    for the world on several nodes numbered node after node (HVDLIKE_HIERARCHICAL_ALLGATHER),
+    else one MPI call over the set."""
+    comm, t = ps._comm, st.transport
+    if ps.process_set_id == 0 and st.settings.hierarchical_allgather != "0" and st.nodes_in_blocks:
+        return functools.partial(t.allgatherv_by_node, comm, st.local_comm, st.cross_comm)
+    return lambda send, recv, counts: t.allgatherv(comm, send, recv, counts, True)
+
+
 def allgather(st: Any, work: Work) -> Any:
     arrays: List[np.ndarray] = work.inputs
     comm, t = work.process_set._comm, st.transport
     rows = t.allgather_ints(comm, np.array([a.shape[0] for a in arrays], np.int64))
+    allgatherv = _allgatherv(st, work.process_set)
     if len(arrays) == 1:
         a = arrays[0]
         out = results.empty((int(rows[:, 0].sum()),) + a.shape[1:], a.dtype)
-        t.allgatherv(comm, t.as_bytes(a), t.as_bytes(out), rows[:, 0] * _row_bytes(a), True)
+        allgatherv(t.as_bytes(a), t.as_bytes(out), rows[:, 0] * _row_bytes(a))
         return out if work.request.kind == "allgather" else [out]
     seg_bytes = rows * np.array([_row_bytes(a) for a in arrays], np.int64)  # [rank, tensor]
     u8 = np.dtype(np.uint8)
@@ -328,7 +339,7 @@ def allgather(st: Any, work: Work) -> Any:
     send, recv = send_base[:send_size], recv_base[:recv_size]
     if arrays:
         np.concatenate([t.as_bytes(a) for a in arrays], out=send)
-    t.allgatherv(comm, send, recv, seg_bytes.sum(axis=1), True)
+    allgatherv(send, recv, seg_bytes.sum(axis=1))
     outs = [results.empty((int(rows[:, i].sum()),) + a.shape[1:], a.dtype)
             for i, a in enumerate(arrays)]
     written = [0] * len(arrays)

@@ -29,9 +29,10 @@ SWITCHES = {  # flags without a value
     "--no-stall-check": ("HVDLIKE_STALL_CHECK_DISABLE", "turn the stall inspector off"),
     "--hierarchical-allreduce": ("HVDLIKE_HIERARCHICAL_ALLREDUCE",
                                  "all-reduce inside each node, then across nodes"),
+    "--hierarchical-allgather": ("HVDLIKE_HIERARCHICAL_ALLGATHER",
+                                 "all-gather node by node (hvdlike's default)"),
 }
 REFUSED = {
-    "--hierarchical-allgather": "hvdlike has no hierarchical all-gather yet; drop the flag",
     "--start-timeout": "hvdlikerun has no start timeout; the MPI launcher reports ranks that "
                        "cannot start, and `timeout N hvdlikerun ...` bounds the whole job",
     "--gloo": "hvdlike runs on MPI only; drop the flag",

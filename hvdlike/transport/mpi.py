@@ -100,11 +100,42 @@ def allgatherv(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: np.nd
         for r, (at, n) in enumerate(zip(displs.tolist(), counts.tolist())):
             bcast(comm, recv[at:at + n], r, True)
         return None
+    if blocking and counts.min() == counts.max():
+        # equal parts: MPI_Allgather, which Open MPI runs hierarchically across nodes (each
+        # node's data crosses the network once); its Allgatherv sends it once per remote rank
+        comm.Allgather([send, MPI.BYTE], [recv, MPI.BYTE])
+        return None
     spec = [recv, (counts, displs), MPI.BYTE]
     if blocking:
         comm.Allgatherv([send, MPI.BYTE], spec)
         return None
     return comm.Iallgatherv([send, MPI.BYTE], spec)
+
+
+def allgatherv_by_node(comm: MPI.Comm, local: MPI.Comm, cross: MPI.Comm, send: np.ndarray,
+                       recv: np.ndarray, counts: np.ndarray) -> None:
+    """``allgatherv`` (blocking) over ``comm``, whose ranks are numbered node after node, the
+    same number on each node. ``local``: this node's ranks; ``cross``: the ranks of this
+    local rank on every node, in node order. Local rank 0 gathers its node's parts into the
+    node's block of ``recv``, those ranks all-gather the blocks, and each broadcasts the
+    whole inside its node: every node's data crosses the network once per other node, where
+    a flat MPI_Allgatherv of unequal parts sends every rank's part once per remote rank."""
+    if _large(counts) or counts.min() == counts.max():  # pieces; or MPI_Allgather, below
+        allgatherv(comm, send, recv, counts, True)
+        return
+    per_node = counts.reshape(-1, local.Get_size())
+    node_counts = per_node.sum(axis=1)
+    node_displs = _displacements(node_counts)
+    node = cross.Get_rank()
+    start = int(node_displs[node])
+    block = recv[start:start + int(node_counts[node])]
+    mine = per_node[node]
+    leader = local.Get_rank() == 0
+    local.Gatherv([send, MPI.BYTE],
+                  [block, (mine, _displacements(mine)), MPI.BYTE] if leader else None, root=0)
+    if leader:
+        cross.Allgatherv(MPI.IN_PLACE, [recv, (node_counts, node_displs), MPI.BYTE])
+    local.Bcast([recv, MPI.BYTE], root=0)
 
 
 def bcast(comm: MPI.Comm, buf: np.ndarray, root: int, blocking: bool) -> Optional[Request]:

@@ -11,6 +11,19 @@ import hvdlike as hvd
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
+
+
+def _tx_bytes() -> int:
+    """Bytes this network namespace has sent on its interfaces other than lo."""
+    total = 0
+    with open("/proc/self/net/dev") as f:
+        for line in f.readlines()[2:]:
+            dev, counters = line.split(":", 1)
+            if dev.strip() != "lo":
+                total += int(counters.split()[8])
+    return total
+
+
 # a process set of the ranks on host 0 and one spanning hosts (first rank of each host)
 hosts = hvd.allgather_object(socket.gethostname())
 host0 = [r for r in range(size) if hosts[r] == hosts[0]]
@@ -27,6 +40,17 @@ out = {
     "gather": hvd.allgather(np.full((rank + 1, 2), rank), name="gather")[:, 0].tolist(),
     "bcast": hvd.broadcast(np.full(3, rank), root_rank=size - 1, name="bcast").tolist(),
 }
+# a ragged all-gather of 2 MiB: what this host sent over its link while it ran (its local
+# rank 0 reads the host's counter; every rank of a host shares its network namespace)
+rows = (1 << 19) // sum(range(1, size + 1)) * (rank + 1)
+hvd.barrier()
+tx_before = _tx_bytes()
+ragged = hvd.allgather(np.full(rows, float(rank), np.float32), name="ragged")
+hvd.barrier()
+out["ragged_sent"] = _tx_bytes() - tx_before if hvd.local_rank() == 0 else None
+out["ragged_ok"] = bool(np.array_equal(ragged, np.repeat(
+    np.arange(size, dtype=np.float32), hvd.allgather(np.array([rows]), name="rows"))))
+out["ragged_rows"] = rows
 if rank in host0:
     out["inside_sum"] = hvd.allreduce(big, op=hvd.Sum, name="inside",
                                       process_set=inside).sum().item()
