@@ -113,6 +113,38 @@ def test_parameter_servers_on_host_b_train_workers_on_host_a(cluster):
         assert job.passed(check, 4), job.output[-6000:]
 
 
+def test_native_parameter_servers_across_hosts_listen_only_on_their_host_address(cluster):
+    """tests/tf/workers/native_ps.py on 2 hosts x 2 ranks: the chief and the ps task on host
+    A, the two workers on host B; tf_keras ParameterServerStrategy trains across the link,
+    and the servers on host A listen on host A's test address only (the bind shim preloaded
+    as hvdlikerun does), not on every interface."""
+    pytest.importorskip("tensorflow", reason="needs TensorFlow (pip install -e .[tf])")
+    from hvdlike.runner import bind_shim
+    shim = bind_shim.preload_env({})
+    if not shim:
+        pytest.skip("the bind shim cannot be built here (needs Linux and a C compiler)")
+    env = {"PYTHONPATH": str(REPO), "OMPI_MCA_osc": "^ucx", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "TF_USE_LEGACY_KERAS": "1", **shim,
+           "HVDLIKE_TEST_HOST_ADDRESSES": json.dumps(dict(zip(cluster.names,
+                                                              cluster.addresses)))}
+    mpirun = str(Path(sys.executable).parent / "mpirun")
+    names = ["PYTHONPATH", "OMPI_MCA_osc", "TF_USE_LEGACY_KERAS", "LD_PRELOAD",
+             "HVDLIKE_TEST_HOST_ADDRESSES"]
+    job = run_script(4, "native_ps.py", timeout=300, env=env,
+                     launcher=lambda argv: cluster.command_on(0, cluster.mpirun_argv(
+                         mpirun, [2, 2], argv, [a for n in names for a in ("-x", n)])))
+    assert not job.timed_out, job.output[-6000:]
+    for check in ("native_ps_roles_come_from_the_mpi_world",
+                  "native_ps_servers_listen_only_on_their_published_addresses",
+                  "native_ps_fit_with_a_dataset_function_trains_variables_on_the_ps",
+                  "native_ps_schedule_and_join_run_every_step_on_the_workers"):
+        assert job.passed(check, 1), job.output[-6000:]
+    assert job.returncode == 0 and "FINISHED" in job.output, job.output[-6000:]
+    published = json.loads(job.lines("CLUSTER ")[0][len("CLUSTER "):])
+    assert [a.rsplit(":", 1)[0] for a in published["chief"] + published["ps"]
+            + published["worker"]] == [cluster.addresses[0]] * 2 + [cluster.addresses[1]] * 2
+
+
 def _run(cluster, slots, tmp_path, hierarchical="auto"):
     argv, env = _job(cluster, slots, "cluster_worker.py", tmp_path)
     env["HVDLIKE_HIERARCHICAL_ALLREDUCE"] = env["HVDLIKE_HIERARCHICAL_ALLGATHER"] = (

@@ -384,6 +384,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out.append("--oversubscribe")
         return out
 
+    from . import bind_shim  # here: `python -m hvdlike.runner.bind_shim` runs it as __main__
     try:
         if elastic and (args.launcher == "srun" or (args.launcher == "auto" and os.environ.get(
                 "SLURM_JOB_ID") and shutil.which("srun") and not (args.hosts or args.hostfile))):
@@ -392,7 +393,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               "allocation")
         cmd, env = build_command(
             args.np, program, hosts=args.hosts, hostfile=args.hostfile,
-            mpi_args=args.mpi_args, launcher=args.launcher, env={**os.environ, **settings},
+            mpi_args=args.mpi_args, launcher=args.launcher,
+            env={**os.environ, **settings, **bind_shim.preload_env(os.environ)},
             mpirun=args.mpirun,
             flavor_args=flavor_args if (elastic or horovod_flags.launcher_options_given(args))
             else None)

@@ -14,13 +14,21 @@ the ``host:port`` pairs are exchanged with one MPI allgather, and every rank bui
 same cluster dict with its own ``task``.  This module runs no TensorFlow code (it only
 uses the MPI core), so it is safe to call before TensorFlow initialises; it must be called
 by every rank (it is a collective).
+
+TensorFlow's gRPC servers bind the wildcard address of their port (every interface) and
+take no bind address; ``export_tf_config`` has the rank's server listen on the address it
+publishes only, through the bind shim that ``hvdlikerun`` preloads
+(:mod:`hvdlike.runner.bind_shim`), and warns where a rank runs without it.
 """
 from typing import Any, Dict, Optional, Sequence
+import ipaddress
 import json
 import os
 import socket
 
 import hvdlike as _core
+from hvdlike import log
+from hvdlike.runner import bind_shim
 
 ROLES = ("chief", "worker", "evaluator", "ps")
 
@@ -127,7 +135,9 @@ def export_tf_config(chief: bool = False, evaluator: bool = False,
     strategy is created: MultiWorkerMirroredStrategy configures TensorFlow's collective
     runtime at start-up).  An existing ``TF_CONFIG`` is kept unless ``overwrite=True``
     (every rank must then agree, or the call would not be collective): returns the dict
-    in effect.
+    in effect. The rank's TensorFlow server will listen only on the address it publishes
+    (through the bind shim ``hvdlikerun`` preloads; without it rank 0 warns, and the server
+    listens on every interface, as TensorFlow does).
 
     ``num_ps`` > 0: a ParameterServerStrategy cluster: rank 0 is the ``chief``, ranks
     1..num_ps the ``ps`` tasks, the rest ``worker`` tasks. On ps and worker ranks this call
@@ -159,9 +169,41 @@ def export_tf_config(chief: bool = False, evaluator: bool = False,
     config = tf_config(chief=chief, evaluator=evaluator, roles=roles, host=host, port=port,
                        process_set=process_set)
     os.environ["TF_CONFIG"] = json.dumps(config)
+    _listen_only_on_published_address(config, process_set)
     if num_ps:
         _serve_until_chief_done(config, process_set)
     return config
+
+
+def _listen_only_on_published_address(config: Dict[str, Any],
+                                      process_set: _core.ProcessSet) -> None:
+    """Have this rank's TensorFlow server bind only the address it publishes (the bind shim's
+    ``HVDLIKE_TF_BIND=PORT=IP``); rank 0 warns, once for the job, about ranks whose server
+    will listen on every interface instead (a collective)."""
+    task = config["task"]
+    published = config["cluster"][task["type"]][task["index"]]
+    host, port = published.rsplit(":", 1)
+    ip = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)[0][4][0]
+    hosts = {a.rsplit(":", 1)[0] for addrs in config["cluster"].values() for a in addrs}
+    if ipaddress.ip_address(ip).is_loopback and len(hosts) > 1:
+        # this host's name resolves to loopback here only: the other hosts reach it otherwise
+        why = f"{host} resolves to {ip} (loopback) here; set HVDLIKE_TF_CONFIG_HOST to its IP"
+    elif not bind_shim.loaded():
+        why = ("the bind shim is not preloaded (start with hvdlikerun, or "
+               "mpirun -x LD_PRELOAD=$(python -m hvdlike.runner.bind_shim))")
+    else:
+        os.environ[bind_shim.VARIABLE] = f"{port}={ip}"
+        why = ""
+    whys = _core.allgather_object(why, process_set=process_set)
+    if process_set.rank() == 0 and any(whys):
+        ranks_by_why: Dict[str, list] = {}
+        for r, w in enumerate(whys):
+            if w:
+                ranks_by_why.setdefault(w, []).append(str(r))
+        listed = "; ".join(f"ranks {', '.join(rs)}: {w}" for w, rs in ranks_by_why.items())
+        log.logger.warning("export_tf_config: TensorFlow's servers of these ranks listen on "
+                           f"every interface of their host, not only the published address: "
+                           f"{listed}")
 
 
 def _serve_until_chief_done(config: Dict[str, Any], process_set: _core.ProcessSet) -> None:

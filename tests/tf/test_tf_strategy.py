@@ -34,6 +34,7 @@ WORLDS = {
 }
 NATIVE_CHECKS = [
     "export_tf_config_starts_native_multiworker_strategy",
+    "native_strategy_servers_listen_only_on_the_published_address",
     "native_strategy_tf_keras_fit_equals_single_process_global_batch",
     "native_strategy_keras3_fit_fails_with_perreplica_error",
 ]
@@ -64,6 +65,23 @@ def test_native_multiworker_strategy_via_export_tf_config(check):
     res = _job("native_np2")
     assert res.passed(check, 2), res.output[-6000:]
     assert res.returncode == 0, res.output[-6000:]
+
+
+NATIVE_PS_CHECKS = [
+    "native_ps_roles_come_from_the_mpi_world",
+    "native_ps_servers_listen_only_on_their_published_addresses",
+    "native_ps_fit_with_a_dataset_function_trains_variables_on_the_ps",
+    "native_ps_schedule_and_join_run_every_step_on_the_workers",
+]
+
+
+@pytest.mark.parametrize("check", NATIVE_PS_CHECKS)
+def test_native_parameter_server_strategy_via_export_tf_config_num_ps(check):
+    """np=4: the chief (rank 0) runs the checks; the ps and worker ranks serve and end with
+    it, so the job exits 0."""
+    res = run_script_once(4, "native_ps.py", timeout=300, env={"TF_USE_LEGACY_KERAS": "1"})
+    assert res.passed(check, 1), res.output[-6000:]
+    assert res.returncode == 0 and "FINISHED" in res.output, res.output[-6000:]
 
 
 @pytest.mark.parametrize("example", ["examples/strategy_keras_mnist.py",

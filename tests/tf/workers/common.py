@@ -43,3 +43,39 @@ def close(np_mod=np):
 
 def assert_close(a, b, rtol=1e-6, atol=0.0, msg=""):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol, err_msg=msg)
+
+
+def listening_addresses(port):
+    """The local addresses of the TCP sockets listening on ``port`` in this network namespace
+    (``/proc/net/tcp`` and ``tcp6``), as ``ipaddress`` objects; an IPv4-mapped IPv6 address
+    is given as its IPv4 address."""
+    import ipaddress
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            address, port_hex = fields[1].split(":")
+            if fields[3] != "0A" or int(port_hex, 16) != port:  # 0A: LISTEN
+                continue
+            # the kernel prints each 32-bit word of the address in host (little-endian) order
+            raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, width, 8))
+            ip = ipaddress.ip_address(raw)
+            found.append(ip.ipv4_mapped or ip if ip.version == 6 else ip)
+    return found
+
+
+def assert_listens_only_on(address, port):
+    """Every socket listening on ``port`` here is bound to ``address`` (a host name or IP, as
+    TF_CONFIG publishes it), and there is at least one."""
+    import ipaddress
+    import socket
+    ip = ipaddress.ip_address(socket.getaddrinfo(address.strip("[]"), port,
+                                                 type=socket.SOCK_STREAM)[0][4][0])
+    found = listening_addresses(port)
+    assert found and all(a == ip for a in found), (
+        f"sockets listening on port {port}: {[str(a) for a in found]}, expected only {ip}")

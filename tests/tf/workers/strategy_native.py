@@ -8,7 +8,7 @@ natively in TF 2.21 / Keras 3.15 (checked here so that the docs stay true).
 import json
 import os
 
-from common import check, close, assert_close, hvd, np, tf
+from common import check, close, assert_close, assert_listens_only_on, hvd, np, tf
 
 r, n = hvd.rank(), hvd.size()
 CONFIG = hvd.export_tf_config()  # before the strategy: TF reads TF_CONFIG at creation
@@ -43,6 +43,14 @@ def _():
     cr = strategy.cluster_resolver
     assert (cr.task_type, cr.task_id) == ("worker", r)
     assert cr.cluster_spec().as_dict()["worker"] == CONFIG["cluster"]["worker"]
+
+
+@check("native_strategy_servers_listen_only_on_the_published_address")
+def _():
+    """hvdlikerun preloads the bind shim: TensorFlow's server (started with the strategy)
+    listens on this rank's TF_CONFIG address only, not on every interface."""
+    host, port = CONFIG["cluster"]["worker"][r].rsplit(":", 1)
+    assert_listens_only_on(host, int(port))
 
 
 @check("native_strategy_tf_keras_fit_equals_single_process_global_batch")

@@ -1,0 +1,92 @@
+"""The bind shim: TensorFlow's servers listen only on the address a rank publishes.
+
+TensorFlow's gRPC server (``tf.distribute.Server``, and the servers that
+MultiWorkerMirroredStrategy and ParameterServerStrategy start) listens on every interface
+of its host: it binds ``0.0.0.0:PORT`` and has no option for an address. ``bind_shim.c``,
+preloaded into each rank (``LD_PRELOAD``), turns a bind of the wildcard address on one
+port into a bind of one address: ``export_tf_config`` sets ``HVDLIKE_TF_BIND=PORT=IP`` to
+the port and address the rank publishes in ``TF_CONFIG``. Without that variable the shim
+changes nothing.
+
+``hvdlikerun`` preloads it (Linux, with a C compiler: built once with ``cc`` into
+``~/.cache/hvdlike``, or ``$XDG_CACHE_HOME/hvdlike``). Under a plain ``mpirun`` or ``srun``:
+``mpirun -x LD_PRELOAD=$(python -m hvdlike.runner.bind_shim) ...``.
+"""
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, Mapping, Optional
+
+VARIABLE = "HVDLIKE_TF_BIND"
+SOURCE = Path(__file__).with_name("bind_shim.c")
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hvdlike"
+
+
+def library() -> Optional[str]:
+    """The shim's shared library, built on first use; None where it cannot be (not Linux,
+    no C compiler, the build failed, or no writable cache directory)."""
+    if not sys.platform.startswith("linux") or not SOURCE.is_file():
+        return None
+    source = SOURCE.read_bytes()
+    name = f"bind_shim-{hashlib.sha256(source).hexdigest()[:12]}.so"
+    for directory in (_cache_dir(), Path(tempfile.gettempdir()) / f"hvdlike-{os.getuid()}"):
+        target = directory / name
+        if target.is_file():
+            return str(target)
+        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            return None
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=directory) as scratch:
+                built = Path(scratch) / name
+                subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(built),
+                                str(SOURCE), "-ldl"], check=True, capture_output=True,
+                               timeout=60)
+                os.replace(built, target)  # atomic: ranks or jobs racing here all see a whole file
+            return str(target)
+        except (OSError, subprocess.SubprocessError):
+            continue
+    return None
+
+
+def preload_env(env: Mapping[str, str]) -> Dict[str, str]:
+    """``{"LD_PRELOAD": ...}`` with the shim in front of what ``env`` preloads, or ``{}``
+    where the shim cannot be built or is preloaded already."""
+    path = library()
+    current = env.get("LD_PRELOAD", "")
+    if path is None or path in current.replace(":", " ").split():
+        return {}
+    return {"LD_PRELOAD": f"{path} {current}".strip()}
+
+
+def loaded() -> bool:
+    """Whether the shim is loaded into this process."""
+    try:
+        ctypes.CDLL(None).hvdlike_bind_shim_loaded
+    except AttributeError:
+        return False
+    return True
+
+
+def main() -> int:
+    path = library()
+    if path is None:
+        print("hvdlike.runner.bind_shim: cannot build the shim (needs Linux and a C compiler: "
+              "cc, gcc, or $CC)", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
