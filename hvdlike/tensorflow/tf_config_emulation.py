@@ -140,7 +140,8 @@ def export_tf_config(chief: bool = False, evaluator: bool = False,
     listens on every interface, as TensorFlow does).
 
     ``num_ps`` > 0: a ParameterServerStrategy cluster: rank 0 is the ``chief``, ranks
-    1..num_ps the ``ps`` tasks, the rest ``worker`` tasks. On ps and worker ranks this call
+    1..num_ps the ``ps`` tasks, the rest ``worker`` tasks (or place them yourself: ``roles``
+    with one ``chief``, ``ps`` and ``worker`` tasks). On ps and worker ranks this call
     then starts their ``tf.distribute.Server`` and does not return: it serves until the
     chief's script ends, then exits the process with status 0. Only the chief goes on to
     build the strategy and the ``ClusterCoordinator``.
@@ -157,6 +158,10 @@ def export_tf_config(chief: bool = False, evaluator: bool = False,
                              f"1..{max(0, size - 2)} on {size} ranks (one chief and at least "
                              "one worker besides the ps tasks)")
         roles = ["chief"] + ["ps"] * int(num_ps) + ["worker"] * (size - 1 - int(num_ps))
+    elif roles is not None and "ps" in roles and ("chief" not in roles or "worker" not in roles):
+        raise ValueError("hvdlike.tensorflow.export_tf_config: roles with ps tasks make a "
+                         "ParameterServerStrategy cluster, which needs one chief and at least "
+                         f"one worker (got {list(roles)})")
     existing = os.environ.get("TF_CONFIG")
     keep = bool(existing) and not overwrite
     keep_all = _core.allgather_object(keep, process_set=process_set)
@@ -170,7 +175,7 @@ def export_tf_config(chief: bool = False, evaluator: bool = False,
                        process_set=process_set)
     os.environ["TF_CONFIG"] = json.dumps(config)
     _listen_only_on_published_address(config, process_set)
-    if num_ps:
+    if "ps" in config["cluster"]:
         _serve_until_chief_done(config, process_set)
     return config
 

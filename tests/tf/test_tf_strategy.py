@@ -75,11 +75,14 @@ NATIVE_PS_CHECKS = [
 ]
 
 
+@pytest.mark.parametrize("roles", ["", "chief,worker,worker,ps"], ids=["num_ps=1", "ps_last"])
 @pytest.mark.parametrize("check", NATIVE_PS_CHECKS)
-def test_native_parameter_server_strategy_via_export_tf_config_num_ps(check):
-    """np=4: the chief (rank 0) runs the checks; the ps and worker ranks serve and end with
-    it, so the job exits 0."""
-    res = run_script_once(4, "native_ps.py", timeout=300, env={"TF_USE_LEGACY_KERAS": "1"})
+def test_native_parameter_server_strategy_via_export_tf_config(check, roles):
+    """np=4, ``num_ps=1`` (rank 1 the ps task) or explicit ``roles`` (rank 3): the chief
+    (rank 0) runs the checks; the ps and worker ranks serve and end with it, so the job
+    exits 0."""
+    res = run_script_once(4, "native_ps.py", timeout=300,
+                          env={"TF_USE_LEGACY_KERAS": "1", "NATIVE_PS_ROLES": roles})
     assert res.passed(check, 1), res.output[-6000:]
     assert res.returncode == 0 and "FINISHED" in res.output, res.output[-6000:]
 

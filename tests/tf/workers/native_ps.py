@@ -1,7 +1,8 @@
 """Native tf_keras ParameterServerStrategy under hvdlikerun, its TF_CONFIG from
 ``export_tf_config(num_ps=1)`` (run with TF_USE_LEGACY_KERAS=1, np >= 3).
 
-Rank 0 is the chief, rank 1 the ps task, the rest are workers. The ps and worker ranks
+Rank 0 is the chief, rank 1 the ps task, the rest are workers (or the roles that
+``NATIVE_PS_ROLES`` lists, passed as ``roles=``: the chief must be rank 0). The ps and worker ranks
 serve inside ``export_tf_config`` and leave when the chief's script ends, so only the chief
 runs the checks below. ``HVDLIKE_TEST_HOST_ADDRESSES`` (JSON, host name -> IP; the test
 cluster's hosts have no name service) gives each rank the address to publish.
@@ -13,8 +14,11 @@ import socket
 from common import assert_listens_only_on, check, close, hvd, np, tf
 
 ADDRESSES = json.loads(os.environ.get("HVDLIKE_TEST_HOST_ADDRESSES", "{}"))
+# NATIVE_PS_ROLES: the roles in rank order (instead of num_ps=1's chief, ps, workers)
+ROLES = [r for r in os.environ.get("NATIVE_PS_ROLES", "").split(",") if r] or None
 # on ps and worker ranks: serves, then exits 0
-CONFIG = hvd.export_tf_config(num_ps=1, host=ADDRESSES.get(socket.gethostname()))
+CONFIG = hvd.export_tf_config(num_ps=0 if ROLES else 1, roles=ROLES,
+                              host=ADDRESSES.get(socket.gethostname()))
 
 import tf_keras as keras  # noqa: E402  (Keras 2: Keras 3 has no parameter-server training)
 
@@ -39,6 +43,7 @@ def dataset_fn(context):
 def _():
     cluster = CONFIG["cluster"]
     print("CLUSTER " + json.dumps(cluster), flush=True)
+    assert sorted(cluster) == ["chief", "ps", "worker"], cluster
     assert [len(cluster[k]) for k in ("chief", "ps", "worker")] == [1, 1, n - 2], cluster
     assert CONFIG["task"] == {"type": "chief", "index": 0}, CONFIG
     assert resolver.cluster_spec().as_dict() == cluster

@@ -288,6 +288,14 @@ def _():
         raise AssertionError("a wrong number of roles was accepted")
     except ValueError as e:
         assert "one role per rank" in str(e), e
+    for bad, says in ((dict(roles=["ps"] + ["worker"] * (n - 1)), "needs one chief"),
+                      (dict(num_ps=n), f"num_ps={n} needs"),
+                      (dict(num_ps=1, chief=True), "give num_ps or roles")):
+        try:
+            hvd.export_tf_config(overwrite=True, **bad)
+            raise AssertionError(f"export_tf_config({bad}) was accepted")
+        except ValueError as e:
+            assert says in str(e), e
     old = os.environ.pop("TF_CONFIG", None)
     try:
         exported = hvd.export_tf_config()
