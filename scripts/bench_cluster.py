@@ -71,6 +71,8 @@ def worker(sizes: List[int], out: str) -> None:
     import numpy as np
     from mpi4py import MPI
 
+    from hvdlike.testing.cluster import bytes_sent
+
     dump_after = float(os.environ.get("BENCH_CLUSTER_DUMP_AFTER", "0"))
     if dump_after > 0:  # a hung job shows where every thread of every rank was
         import faulthandler
@@ -87,14 +89,7 @@ def worker(sizes: List[int], out: str) -> None:
               file=sys.stderr, flush=True)
 
     def sent() -> int:
-        if not counts_bytes:
-            return 0
-        total = 0
-        for line in Path("/proc/self/net/dev").read_text().splitlines()[2:]:  # this netns
-            dev, counters = line.split(":", 1)
-            if dev.strip() != "lo":
-                total += int(counters.split()[8])  # transmitted bytes
-        return total
+        return bytes_sent() if counts_bytes else 0
 
     def series(call: Callable[[int], Any], warm_up: int, barrier: Callable[[], Any],
                maximum: Callable[[np.ndarray], np.ndarray], name: str) -> Dict[int, Any]:

@@ -55,6 +55,18 @@ def queue_bytes(link: str) -> int:
                      "250mbit")
 
 
+def bytes_sent() -> int:
+    """Bytes this process's network namespace (a test host) has sent on its interfaces other
+    than lo (``/proc/self/net/dev``; ``/sys/class/net`` would show the root namespace)."""
+    total = 0
+    with open("/proc/self/net/dev") as f:
+        for line in f.read().splitlines()[2:]:
+            dev, counters = line.split(":", 1)
+            if dev.strip() != "lo":
+                total += int(counters.split()[8])  # transmitted bytes
+    return total
+
+
 def missing_requirements() -> Optional[str]:
     """Why a cluster cannot be built here, or None."""
     if os.geteuid() != 0:

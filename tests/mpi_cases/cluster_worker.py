@@ -8,20 +8,10 @@ import socket
 import numpy as np
 
 import hvdlike as hvd
+from hvdlike.testing.cluster import bytes_sent
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
-
-
-def _tx_bytes() -> int:
-    """Bytes this network namespace has sent on its interfaces other than lo."""
-    total = 0
-    with open("/proc/self/net/dev") as f:
-        for line in f.readlines()[2:]:
-            dev, counters = line.split(":", 1)
-            if dev.strip() != "lo":
-                total += int(counters.split()[8])
-    return total
 
 
 # a process set of the ranks on host 0 and one spanning hosts (first rank of each host)
@@ -44,10 +34,10 @@ out = {
 # rank 0 reads the host's counter; every rank of a host shares its network namespace)
 rows = (1 << 19) // sum(range(1, size + 1)) * (rank + 1)
 hvd.barrier()
-tx_before = _tx_bytes()
+tx_before = bytes_sent()
 ragged = hvd.allgather(np.full(rows, float(rank), np.float32), name="ragged")
 hvd.barrier()
-out["ragged_sent"] = _tx_bytes() - tx_before if hvd.local_rank() == 0 else None
+out["ragged_sent"] = bytes_sent() - tx_before if hvd.local_rank() == 0 else None
 out["ragged_ok"] = bool(np.array_equal(ragged, np.repeat(
     np.arange(size, dtype=np.float32), hvd.allgather(np.array([rows]), name="rows"))))
 out["ragged_rows"] = rows
