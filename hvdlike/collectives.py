@@ -158,8 +158,8 @@ def allreduce_async(x: Any, op: Any = ReduceOp.AVERAGE, prescale_factor: float =
 def grouped_allreduce(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
-    """``allreduce`` of a list of arrays under one name, fused: arrays of one reduction dtype
-    travel together (with other all-reduces ready at the same time) in buckets of up to
+    """``allreduce`` of a list of arrays under one name, fused: arrays of one dtype travel
+    together (with other all-reduces ready at the same time) in buckets of up to
     HVDLIKE_FUSION_THRESHOLD bytes, straight from their memory where the transport allows.
     Returns a list of new arrays."""
     return _allreduce(list(xs), op, prescale_factor, postscale_factor, name, process_set, True,

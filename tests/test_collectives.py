@@ -1,9 +1,9 @@
-"""Every collective x dtype x op equals its NumPy reference on every rank: np=2, np=4
-(oversubscribed) and a process set of 2 out of 4 ranks, each over MPI and over the on-node
-shared-memory transport (threshold 0 so every blocking all-reduce takes it; a 64-byte buffer
-so that most take several rounds) and hierarchically over two pretend nodes; with the MPI transport's per-call limit lowered to 5
-elements (the path of messages past 2 GiB); and the same under MPICH
-(HVDLIKE_TEST_MPICH_PREFIX)."""
+"""Every collective x dtype x op equals its NumPy reference on every rank: np=1, np=2, np=4
+(oversubscribed), a process set of 2 out of 4 ranks and one of 1 out of 4, each over MPI and
+over the on-node shared-memory transport (threshold 0 so every blocking all-reduce takes it; a
+64-byte buffer so that most take several rounds) and hierarchically over two pretend nodes;
+with the MPI transport's per-call limit lowered to 5 elements (the path of messages past 2
+GiB); and the same under MPICH (HVDLIKE_TEST_MPICH_PREFIX)."""
 import numpy as np
 import pytest
 
@@ -21,6 +21,8 @@ CONFIGS = {
     # two pretend nodes of 2 ranks: hierarchical (shared memory inside, MPI across)
     "np4-hier-rounds": (4, None, {**SHM_ROUNDS, "HVDLIKE_NODE_NAMES": "a,a,b,b"}),
     "mpich-np2": (2, None, MPI_ONLY), "mpich-np4-shm-rounds": (4, None, SHM_ROUNDS),
+    # one rank, and a set of one rank among four: the reduction is a copy per tensor
+    "np1": (1, None, {}), "np4-set2": (4, [2], {}),
     # the MPI transport's per-call limit lowered: the path of messages past 2 GiB
     "np2-pieces": (2, None, MPI_ONLY), "np4-set12-pieces": (4, [1, 2], MPI_ONLY),
 }

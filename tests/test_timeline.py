@@ -29,6 +29,16 @@ def test_each_request_has_its_phases_and_bucket(tmp_path):
     assert waited and waited[0][1] >= 0.8 * delay * 1e6, results[0]["late"]
 
 
+def test_one_rank_copies_each_tensor_without_a_fusion_buffer(tmp_path):
+    path = str(tmp_path / "t.json")
+    (r,) = run_mpi(1, "timeline_cases:single_rank", timeout=60,
+                   env={"HVDLIKE_TIMELINE": path}, path=path)
+    assert r["out"] == [[2.0 * i for i in range(6)], [0.0, 2.0, 4.0], [[2.0, 2.0], [2.0, 2.0]]]
+    assert r["dtypes"] == ["float32", "float16", "float32"]
+    assert r["phases"].count("SINGLE_RANK_COPY") == 2, r["phases"]  # one per dtype's bucket
+    assert not {"MEMCPY_IN_FUSION_BUFFER", "MPI_ALLREDUCE", "SHM_ALLREDUCE"} & set(r["phases"])
+
+
 def test_start_and_stop_timeline_bound_what_is_recorded(tmp_path):
     path = str(tmp_path / "t.json")
     for r in run_mpi(2, "timeline_cases:start_and_stop", timeout=60, path=path):

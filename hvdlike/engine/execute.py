@@ -1,14 +1,15 @@
 """How a ready response moves its data, run by the engine in the same order on every rank.
 
 All-reduces that became ready together are fused by bytes (``HVDLIKE_FUSION_THRESHOLD``) per
-(process set, op, factors, reduction dtype). A bucket goes through the on-node shared-memory
-transport straight from the tensors' memory into the results when its set lives on one node
-and it has at least ``HVDLIKE_SHM_THRESHOLD`` bytes; for the world on several nodes, the same
-size of bucket goes hierarchically (shared memory inside each node, MPI across them) with
-HVDLIKE_HIERARCHICAL_ALLREDUCE=1, or where it measured faster with ``auto`` (``choice.py``).
-Otherwise a bucket goes through ``MPI_Allreduce`` (one tensor: from its memory into the
-result; several: packed into a reused fusion buffer). The other collectives run one response
-at a time.
+(process set, op, factors, dtype): one dtype per bucket, since 16-bit floats are reduced in
+float32 but rounded to their own dtype before the postscale. A bucket goes through the on-node
+shared-memory transport straight from the tensors' memory into the results when its set lives
+on one node and it has at least ``HVDLIKE_SHM_THRESHOLD`` bytes; for the world on several
+nodes, the same size of bucket goes hierarchically (shared memory inside each node, MPI across
+them) with HVDLIKE_HIERARCHICAL_ALLREDUCE=1, or where it measured faster with ``auto``
+(``choice.py``). Otherwise a bucket goes through ``MPI_Allreduce`` (one tensor: from its memory
+into the result; several: packed into a reused fusion buffer); a set of one rank copies each
+tensor into its result. The other collectives run one response at a time.
 """
 import functools
 import math
@@ -96,9 +97,7 @@ class _Tensor(NamedTuple):
 
 def fusion_key(work: Work, i: int) -> Tuple[Any, ...]:
     r = work.request
-    a = work.inputs[i]
-    wdtype = dtypes.reduce_dtype(a.dtype)
-    return (id(work.process_set), r.op, r.scale, a.dtype if a.dtype.kind == "b" else wdtype)
+    return (id(work.process_set), r.op, r.scale, work.inputs[i].dtype)
 
 
 Phases = Optional[List[Tuple[str, float, float]]]  # (name, start, end) for the timeline
@@ -148,10 +147,9 @@ def _grouped_plan(request: Request, threshold: int) -> Tuple[List[List[int]], Li
     """The buckets and byte sizes of one grouped all-reduce request's tensors fused on their
     own, as ``fusion_key`` and ``plan_buckets`` make them (computed once per request)."""
     given = [np.dtype(d) for d in request.dtype]
-    work = [dtypes.reduce_dtype(d) for d in given]
-    keys = [d if d.kind == "b" else w for d, w in zip(given, work)]
-    sizes = [math.prod(shape) * w.itemsize for shape, w in zip(request.shape, work)]
-    return fusion.plan_buckets(keys, sizes, threshold), sizes
+    sizes = [math.prod(shape) * dtypes.reduce_dtype(d).itemsize
+             for shape, d in zip(request.shape, given)]
+    return fusion.plan_buckets(given, sizes, threshold), sizes
 
 
 def allreduce_now(st: Any, request: Request, inputs: List[np.ndarray], process_set: Any,
@@ -224,6 +222,14 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
             sends.append(buf)
         clock.done("PRESCALE_OR_CAST")
     recvs = sends if not as_is else [empty(a.shape, work) for a in arrays]
+    if ps.size() == 1:  # the reduction over one rank is the identity: a copy per tensor
+        for s, r in zip(sends, recvs):
+            if s is not r:
+                np.copyto(r, s)
+            if scale is not None:
+                scale(r)
+        clock.done("SINGLE_RANK_COPY")
+        return [_result(r, a.dtype, empty) for r, a in zip(recvs, arrays)]
     total = sum(r.nbytes for r in recvs)
     shm = ps._shm
     use_shm = shm is not None and total >= st.settings.shm_threshold and shm.reserve(total)
@@ -389,9 +395,9 @@ def reducescatter(st: Any, work: Work) -> Any:
     prescale, postscale = request.scale
     n, me = comm.Get_size(), comm.Get_rank()
     wdtypes = [dtypes.reduce_dtype(a.dtype) for a in arrays]
-    keys = [a.dtype if a.dtype.kind == "b" else w for a, w in zip(arrays, wdtypes)]
     out: List[Any] = [None] * len(arrays)
-    for bucket in fusion.plan_buckets(keys, [a.size * w.itemsize for a, w in zip(arrays, wdtypes)],
+    sizes = [a.size * w.itemsize for a, w in zip(arrays, wdtypes)]
+    for bucket in fusion.plan_buckets([a.dtype for a in arrays], sizes,
                                       st.settings.fusion_threshold):
         members = [arrays[i] for i in bucket]
         rows = [scatter_rows(a.shape[0], n) for a in members]

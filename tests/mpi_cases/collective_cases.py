@@ -46,6 +46,9 @@ def cases() -> List[Case]:
         out.append(Case("broadcast_async", d, root=-1))
     for collective in ("grouped_allreduce", "grouped_allreduce_async", "grouped_reducescatter"):
         out += [Case(collective, "mixed", "Sum"), Case(collective, "mixed", "Average")]
+    # 16-bit floats beside float32 in one call, on values where rounding to 16 bits shows
+    for collective in ("grouped_allreduce", "grouped_reducescatter"):
+        out += [Case(collective, "fine", "Sum"), Case(collective, "fine", "Average")]
     out += [Case("grouped_allgather", "mixed"), Case("grouped_allgather_async", "mixed")]
     out += [Case("allreduce_scaled", "float32", "Sum"), Case("allreduce_scaled", "int32", "Sum"),
             Case("allreduce_scaled", "float16", "Average")]
@@ -59,6 +62,9 @@ def cases() -> List[Case]:
 
 
 MIXED = ["float32", "float16", "int32", "bool", "float64", "bfloat16", "float32"]
+# dtype, and 1/step of the values: each value is exact in its dtype and sums over a few ranks
+# are exact in float32, but the float32 values and the 16-bit sums do not fit 16 bits
+FINE = [("float16", 64), ("float32", 1024), ("bfloat16", 4), ("float32", 1024)]
 
 
 def _values(dtype_name: str, shape: tuple, seed: int) -> np.ndarray:
@@ -69,6 +75,13 @@ def _values(dtype_name: str, shape: tuple, seed: int) -> np.ndarray:
         return rng.integers(0, 2, shape).astype(bool)
     low = 0 if dtype.kind == "u" else -3
     return rng.integers(low, 4, shape).astype(dtype)
+
+
+def _fine(dtype_name: str, step: int, shape: tuple, seed: int) -> np.ndarray:
+    dtype = np.dtype(next(d for d in SUPPORTED if str(d) == dtype_name))
+    high = 250 if dtype_name == "bfloat16" else 2000
+    values = np.random.default_rng(seed).integers(-high, high, shape) / step
+    return values.astype(dtype)
 
 
 def _seed(case: Case, rank: int, extra: str = "") -> int:
@@ -103,6 +116,9 @@ def inputs(case: Case, rank: int, size: int) -> Any:
         return _values(case.dtype, (2, 3), _seed(case, rank))
     if base in ("grouped_allreduce", "grouped_reducescatter"):
         lead = size + 1 if base == "grouped_reducescatter" else 2
+        if case.dtype == "fine":
+            return [_fine(d, step, (lead, i + 2), _seed(case, rank, str(i)))
+                    for i, (d, step) in enumerate(FINE)]
         mixed = [d for d in MIXED if d != "bool"] if case.op == "Average" else MIXED
         return [_values(d, (lead, i + 1), _seed(case, rank, str(i))) for i, d in enumerate(mixed)]
     if base == "grouped_allgather":

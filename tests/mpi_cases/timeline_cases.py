@@ -60,3 +60,14 @@ def start_and_stop(path: str) -> Dict[str, Any]:
         error = str(e)
     return dict(rows=sorted(_rows(events)), cycles=sum(e["name"] == "CYCLE" for e in events),
                 error=error)
+
+
+def single_rank(path: str) -> Dict[str, Any]:
+    """At np=1 under HVDLIKE_TIMELINE: a grouped all-reduce (Average, postscale 2) of three
+    tensors of two dtypes; returns its results and the phases of its row."""
+    xs = [np.arange(6, dtype=np.float32), np.arange(3, dtype=np.float16),
+          np.ones((2, 2), np.float32)]
+    out = hvd.grouped_allreduce(xs, name="single", postscale_factor=2.0)
+    hvd.stop_timeline()
+    return dict(out=[o.tolist() for o in out], dtypes=[str(o.dtype) for o in out],
+                phases=[e["name"] for e in _rows(_read(path))["single"]])
