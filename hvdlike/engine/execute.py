@@ -204,7 +204,7 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
     if (as_is and len(arrays) == 1 and phases is None and dtype.kind != "b"
             and (ps._shm is None or arrays[0].nbytes < st.settings.shm_threshold)):
         out = empty(arrays[0].shape, dtype)  # the latency path: one tensor through MPI
-        st.transport.allreduce(ps._comm, arrays[0], out, wire, True)
+        st.transport.allreduce(ps._comm, arrays[0], out, wire)
         if scale is not None:
             scale(out)
         return [out]
@@ -245,7 +245,7 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         clock.done("SHM_ALLREDUCE" if shm.across is None else "HIERARCHICAL_ALLREDUCE")
     elif len(recvs) == 1:
         st.transport.allreduce(ps._comm, None if sends[0] is recvs[0] else sends[0], recvs[0],
-                               wire, True)
+                               wire)
         if scale is not None:
             scale(recvs[0])
         clock.done("MPI_ALLREDUCE")
@@ -255,7 +255,7 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         buf = base[:size]
         fusion.pack(sends, buf)
         clock.done("MEMCPY_IN_FUSION_BUFFER")
-        st.transport.allreduce(ps._comm, None, buf, wire, True)
+        st.transport.allreduce(ps._comm, None, buf, wire)
         if scale is not None:
             scale(buf)
         clock.done("MPI_ALLREDUCE")
@@ -325,7 +325,7 @@ def _allgatherv(st: Any, ps: Any) -> Callable[..., None]:
     comm, t = ps._comm, st.transport
     if ps.process_set_id == 0 and st.settings.hierarchical_allgather != "0" and st.nodes_in_blocks:
         return functools.partial(t.allgatherv_by_node, comm, st.local_comm, st.cross_comm)
-    return lambda send, recv, counts: t.allgatherv(comm, send, recv, counts, True)
+    return functools.partial(t.allgatherv, comm)
 
 
 def allgather(st: Any, work: Work) -> Any:
@@ -368,7 +368,7 @@ def broadcast(st: Any, work: Work) -> np.ndarray:
     out = results.empty(a.shape, a.dtype)
     if root == ps._comm.Get_rank():
         np.copyto(out, a)
-    st.transport.bcast(ps._comm, st.transport.as_bytes(out), root, True)
+    st.transport.bcast(ps._comm, st.transport.as_bytes(out), root)
     return out
 
 
@@ -378,7 +378,7 @@ def alltoall(st: Any, work: Work) -> Tuple[np.ndarray, np.ndarray]:
     recv_splits = t.alltoall_ints(comm, send_splits)
     out = results.empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
     row = _row_bytes(a)
-    t.alltoallv(comm, t.as_bytes(a), send_splits * row, t.as_bytes(out), recv_splits * row, True)
+    t.alltoallv(comm, t.as_bytes(a), send_splits * row, t.as_bytes(out), recv_splits * row)
     return out, recv_splits
 
 
@@ -416,8 +416,7 @@ def reducescatter(st: Any, work: Work) -> Any:
                 offset += block.size
         recv_base = _pool.acquire(wdtype, int(counts[me]))
         recv = recv_base[:int(counts[me])]
-        st.transport.reduce_scatter(comm, send, recv, counts, _wire_op(members[0].dtype, op),
-                                    True)
+        st.transport.reduce_scatter(comm, send, recv, counts, _wire_op(members[0].dtype, op))
         _scale_in_place(recv, op, postscale, n, _half(members[0].dtype, wdtype))
         out_dtypes = [np.dtype(np.uint8) if a.dtype.kind == "b" else a.dtype for a in members]
         shapes = [(int(rw[me]),) + a.shape[1:] for a, rw in zip(members, rows)]
@@ -429,7 +428,7 @@ def reducescatter(st: Any, work: Work) -> Any:
 
 
 def barrier(st: Any, work: Work) -> None:
-    st.transport.barrier(work.process_set._comm, True)
+    st.transport.barrier(work.process_set._comm)
 
 
 def broadcast_object(st: Any, work: Work) -> Any:

@@ -1,8 +1,8 @@
 """MPI transport: thin wrappers over mpi4py buffer methods.
 
-Each function takes contiguous NumPy buffers and ``blocking``: when True the operation has
-completed on return (None is returned); when False the MPI request to wait on is returned.
-Reductions take typed buffers; data movement works on uint8 views so any dtype travels as bytes.
+Each function takes contiguous NumPy buffers and has completed when it returns (the engine runs
+them one at a time). Reductions take typed buffers; data movement works on uint8 views so any
+dtype travels as bytes.
 Importing this module initializes MPI, so only ``runtime.init`` imports it.
 """
 import os
@@ -17,7 +17,6 @@ from mpi4py import MPI  # noqa: E402
 
 from ..reduce_ops import ReduceOp
 
-Request = MPI.Request
 _MPI_OPS = {
     ReduceOp.AVERAGE: MPI.SUM,
     ReduceOp.SUM: MPI.SUM,
@@ -39,7 +38,7 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
 
 
 # MPI counts and displacements are C ints. Messages with a count or offset past this many
-# elements (bytes for data movement) go in pieces of at most this size instead (blocking):
+# elements (bytes for data movement) go in pieces of at most this size instead:
 # one tensor of any size works, whatever large-count support the MPI library has.
 MAX_COUNT = 1 << 30
 
@@ -52,29 +51,25 @@ def _pieces(n: int) -> range:
     return range(0, n, MAX_COUNT)
 
 
-def allreduce(comm: MPI.Comm, send: Optional[np.ndarray], recv: np.ndarray, op: ReduceOp,
-              blocking: bool) -> Optional[Request]:
+def allreduce(comm: MPI.Comm, send: Optional[np.ndarray], recv: np.ndarray,
+              op: ReduceOp) -> None:
     """Reduce ``send`` (or ``recv`` in place when send is None) into ``recv`` on every rank."""
     if recv.size > MAX_COUNT:
         flat_recv = recv.reshape(-1)
         flat_send = None if send is None else send.reshape(-1)
         for at in _pieces(recv.size):
             part = slice(at, at + MAX_COUNT)
-            allreduce(comm, None if flat_send is None else flat_send[part], flat_recv[part], op,
-                      True)
-        return None
+            allreduce(comm, None if flat_send is None else flat_send[part], flat_recv[part], op)
+        return
     sendbuf = MPI.IN_PLACE if send is None else send
-    if not blocking:
-        return comm.Iallreduce(sendbuf, recv, _MPI_OPS[op])
     if op != ReduceOp.MIN and op != ReduceOp.MAX:
         comm.Allreduce(sendbuf, recv, _MPI_OPS[op])
-        return None
+        return
     nan = _local_nans(comm, recv if send is None else send, op)
     comm.Allreduce(sendbuf, recv, _MPI_OPS[op])
     if nan is not None:
         comm.Allreduce(MPI.IN_PLACE, nan, MPI.MAX)
         recv.reshape(-1)[nan.view(bool)] = np.nan
-    return None
 
 
 def _local_nans(comm: MPI.Comm, values: np.ndarray, op: ReduceOp) -> Optional[np.ndarray]:
@@ -90,38 +85,32 @@ def _local_nans(comm: MPI.Comm, values: np.ndarray, op: ReduceOp) -> Optional[np
     return mask if comm.allreduce(bool(mask.any()), op=MPI.LOR) else None
 
 
-def allgatherv(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: np.ndarray,
-               blocking: bool) -> Optional[Request]:
+def allgatherv(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: np.ndarray) -> None:
     """Gather byte buffers of ``counts[r]`` bytes from each rank r into ``recv`` in rank order."""
     displs = _displacements(counts)
     if _large(counts):  # each rank's block, broadcast by that rank in pieces
         start = int(displs[comm.Get_rank()])
         recv[start:start + send.size] = send
         for r, (at, n) in enumerate(zip(displs.tolist(), counts.tolist())):
-            bcast(comm, recv[at:at + n], r, True)
-        return None
-    if blocking and counts.min() == counts.max():
+            bcast(comm, recv[at:at + n], r)
+    elif counts.min() == counts.max():
         # equal parts: MPI_Allgather, which Open MPI runs hierarchically across nodes (each
         # node's data crosses the network once); its Allgatherv sends it once per remote rank
         comm.Allgather([send, MPI.BYTE], [recv, MPI.BYTE])
-        return None
-    spec = [recv, (counts, displs), MPI.BYTE]
-    if blocking:
-        comm.Allgatherv([send, MPI.BYTE], spec)
-        return None
-    return comm.Iallgatherv([send, MPI.BYTE], spec)
+    else:
+        comm.Allgatherv([send, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
 
 
 def allgatherv_by_node(comm: MPI.Comm, local: MPI.Comm, cross: MPI.Comm, send: np.ndarray,
                        recv: np.ndarray, counts: np.ndarray) -> None:
-    """``allgatherv`` (blocking) over ``comm``, whose ranks are numbered node after node, the
+    """``allgatherv`` over ``comm``, whose ranks are numbered node after node, the
     same number on each node. ``local``: this node's ranks; ``cross``: the ranks of this
     local rank on every node, in node order. Local rank 0 gathers its node's parts into the
     node's block of ``recv``, those ranks all-gather the blocks, and each broadcasts the
     whole inside its node: every node's data crosses the network once per other node, where
     a flat MPI_Allgatherv of unequal parts sends every rank's part once per remote rank."""
     if _large(counts) or counts.min() == counts.max():  # pieces; or MPI_Allgather, below
-        allgatherv(comm, send, recv, counts, True)
+        allgatherv(comm, send, recv, counts)
         return
     per_node = counts.reshape(-1, local.Get_size())
     node_counts = per_node.sum(axis=1)
@@ -138,20 +127,14 @@ def allgatherv_by_node(comm: MPI.Comm, local: MPI.Comm, cross: MPI.Comm, send: n
     local.Bcast([recv, MPI.BYTE], root=0)
 
 
-def bcast(comm: MPI.Comm, buf: np.ndarray, root: int, blocking: bool) -> Optional[Request]:
+def bcast(comm: MPI.Comm, buf: np.ndarray, root: int) -> None:
     """Copy the root's byte buffer into ``buf`` on every rank."""
-    if _large(buf.size):
-        for at in _pieces(buf.size):
-            comm.Bcast([buf[at:at + MAX_COUNT], MPI.BYTE], root=root)
-        return None
-    if blocking:
-        comm.Bcast([buf, MPI.BYTE], root=root)
-        return None
-    return comm.Ibcast([buf, MPI.BYTE], root=root)
+    for at in _pieces(buf.size):
+        comm.Bcast([buf[at:at + MAX_COUNT], MPI.BYTE], root=root)
 
 
 def alltoallv(comm: MPI.Comm, send: np.ndarray, send_counts: np.ndarray, recv: np.ndarray,
-              recv_counts: np.ndarray, blocking: bool) -> Optional[Request]:
+              recv_counts: np.ndarray) -> None:
     """Send ``send_counts[r]`` bytes to each rank r and receive ``recv_counts[r]`` from it."""
     sdispls, rdispls = _displacements(send_counts), _displacements(recv_counts)
     # ranks send and receive different amounts: they decide together
@@ -167,17 +150,13 @@ def alltoallv(comm: MPI.Comm, send: np.ndarray, send_counts: np.ndarray, recv: n
                 n = min(MAX_COUNT, int(send_counts[peer]) - at)
                 requests.append(comm.Isend([send[start:start + n], MPI.BYTE], peer, tag=7))
         MPI.Request.Waitall(requests)
-        return None
-    sspec = [send, (send_counts, sdispls), MPI.BYTE]
-    rspec = [recv, (recv_counts, rdispls), MPI.BYTE]
-    if blocking:
-        comm.Alltoallv(sspec, rspec)
-        return None
-    return comm.Ialltoallv(sspec, rspec)
+        return
+    comm.Alltoallv([send, (send_counts, sdispls), MPI.BYTE],
+                   [recv, (recv_counts, rdispls), MPI.BYTE])
 
 
 def reduce_scatter(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: np.ndarray,
-                   op: ReduceOp, blocking: bool) -> Optional[Request]:
+                   op: ReduceOp) -> None:
     """Reduce ``send`` over ranks; rank r receives the r-th block of ``counts[r]`` elements."""
     if _large(counts):  # each block reduced to its rank, in pieces
         me = comm.Get_rank()
@@ -187,16 +166,13 @@ def reduce_scatter(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: n
                 block = send[at + piece:at + piece + m]
                 comm.Reduce(block, recv[piece:piece + m] if r == me else None, _MPI_OPS[op],
                             root=r)
-        return None
-    if not blocking:
-        return comm.Ireduce_scatter(send, recv, counts, _MPI_OPS[op])
+        return
     nan = _local_nans(comm, send, op)
     comm.Reduce_scatter(send, recv, counts, _MPI_OPS[op])
     if nan is not None:
         mine = np.empty(recv.size, np.uint8)
         comm.Reduce_scatter(nan, mine, counts, MPI.MAX)
         recv.reshape(-1)[mine.view(bool)] = np.nan
-    return None
 
 
 def allgather_ints(comm: MPI.Comm, values: np.ndarray) -> np.ndarray:
@@ -218,8 +194,5 @@ def max_ints(comm: MPI.Comm, values: np.ndarray, out: np.ndarray) -> None:
     comm.Allreduce(values, out, MPI.MAX)
 
 
-def barrier(comm: MPI.Comm, blocking: bool) -> Optional[Request]:
-    if blocking:
-        comm.Barrier()
-        return None
-    return comm.Ibarrier()
+def barrier(comm: MPI.Comm) -> None:
+    comm.Barrier()

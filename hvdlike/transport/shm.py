@@ -165,7 +165,7 @@ class SharedMemoryAllreduce:
                         finish(dst)
                     out.arrays[i][s:e] = dst
         if self.across is not None:  # this node's sum of chunk r, summed over the nodes
-            self._allreduce_across(self.across, None, result, op, True)
+            self._allreduce_across(self.across, None, result, op)
             if finish is not None:
                 finish(result)
             out.write(lo + mine.start, lo + mine.stop, result)
