@@ -222,14 +222,6 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
             sends.append(buf)
         clock.done("PRESCALE_OR_CAST")
     recvs = sends if not as_is else [empty(a.shape, work) for a in arrays]
-    if ps.size() == 1:  # the reduction over one rank is the identity: a copy per tensor
-        for s, r in zip(sends, recvs):
-            if s is not r:
-                np.copyto(r, s)
-            if scale is not None:
-                scale(r)
-        clock.done("SINGLE_RANK_COPY")
-        return [_result(r, a.dtype, empty) for r, a in zip(recvs, arrays)]
     total = sum(r.nbytes for r in recvs)
     shm = ps._shm
     use_shm = shm is not None and total >= st.settings.shm_threshold and shm.reserve(total)
@@ -240,7 +232,14 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
             choice = _choices[shm] = AlgorithmChoice(ps._comm)
         use_shm = choice.hierarchical(total)
     started = time.perf_counter()
-    if use_shm:
+    if ps.size() == 1:  # the reduction over one rank is the identity: a copy per tensor
+        for send, recv in zip(sends, recvs):
+            if send is not recv:
+                np.copyto(recv, send)
+            if scale is not None:
+                scale(recv)
+        clock.done("SINGLE_RANK_COPY")
+    elif use_shm:
         _shm_allreduce(shm, sends, recvs, wire, scale, work)
         clock.done("SHM_ALLREDUCE" if shm.across is None else "HIERARCHICAL_ALLREDUCE")
     elif len(recvs) == 1:

@@ -129,6 +129,9 @@ def allgatherv_by_node(comm: MPI.Comm, local: MPI.Comm, cross: MPI.Comm, send: n
 
 def bcast(comm: MPI.Comm, buf: np.ndarray, root: int) -> None:
     """Copy the root's byte buffer into ``buf`` on every rank."""
+    if not _large(buf.size):
+        comm.Bcast([buf, MPI.BYTE], root=root)
+        return
     for at in _pieces(buf.size):
         comm.Bcast([buf[at:at + MAX_COUNT], MPI.BYTE], root=root)
 
