@@ -40,19 +40,23 @@ def raised_on_every_rank(exc: Exception, set_rank: int) -> Exception:
 
 
 def resolve_or_error(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]],
-                     any_joined: bool) -> Tuple[Request, Optional[Exception]]:
+                     any_joined: bool, ranks: Optional[Sequence[int]] = None
+                     ) -> Tuple[Request, Optional[Exception]]:
     """``resolve`` that returns (agreed request, None) or (a request, the exception)."""
     try:
-        return resolve(answers), None
+        return resolve(answers, ranks), None
     except (TypeError, ValueError) as exc:
         first = next(a for a in answers if a is not None)
         return first[0], exc
 
 
-def resolve(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]]) -> Request:
+def resolve(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]],
+            ranks: Optional[Sequence[int]] = None) -> Request:
     """Given every rank's (request, error) (None for joined ranks), return the agreed request
-    or raise the same exception on every rank."""
-    active = [(r, a[0], a[1]) for r, a in enumerate(answers) if a is not None]
+    or raise the same exception on every rank. ``ranks``: the world rank of each answer (a
+    process set's members), which the messages name; by default 0, 1, ..."""
+    ranks = range(len(answers)) if ranks is None else ranks
+    active = [(r, a[0], a[1]) for r, a in zip(ranks, answers) if a is not None]
     what = f"hvdlike.{active[0][1].kind}"
     errors = [(r, e) for r, _, e in active if e is not None]
     if errors:
@@ -70,7 +74,7 @@ def resolve(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]]) -
             "matched by name (unnamed ones in call order): every rank must submit each name "
             "with the same collective, dtype, shape, op, root and device (host or GPU; only the "
             "first dimension may differ in allgather and alltoall).")
-    joined = [r for r, a in enumerate(answers) if a is None]
+    joined = [r for r, a in zip(ranks, answers) if a is None]
     if joined and (request.kind not in _JOIN_COMPATIBLE
                    or request.op not in (ReduceOp.SUM, ReduceOp.AVERAGE)):
         raise ValueError(

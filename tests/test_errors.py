@@ -55,6 +55,18 @@ def test_non_member_rank_gets_a_local_error_and_members_proceed():
     assert "rank 1 is not a member of ProcessSet(process_set_id=1, ranks=[0])" in results[1][1]
 
 
+def test_errors_on_a_process_set_name_the_ranks_by_their_world_rank():
+    results = run_mpi(4, "error_cases:mismatch_on_a_set", timeout=60)
+    assert results[0] == results[1] == {}
+    for rank in (2, 3):
+        got_type, message = results[rank]["shape"]
+        assert got_type == "CollectiveMismatchError", message
+        assert "rank 2 has (5,), rank 3 has (6,)" in message, message
+        got_type, message = results[rank]["dtype"]
+        assert got_type == "TypeError", message
+        assert "rank 3: dtype complex64 is not supported" in message, message
+
+
 def test_collective_before_init_says_to_call_init():
     for got_type, message in run_mpi(2, "error_cases:before_init", timeout=60):
         assert got_type == "NotInitializedError"

@@ -144,8 +144,9 @@ class Negotiation:
             if not all(r in table for r in self._active(key[0], joined)):
                 continue
             del self._announced[key]
-            answers = [table.get(r) for r in self._members(key[0])]
-            request, error = resolve_or_error(answers, key[0] == 0 and any(joined))
+            members = self._members(key[0])
+            request, error = resolve_or_error([table.get(r) for r in members],
+                                              key[0] == 0 and any(joined), members)
             if error is None:
                 self._insert(key, request)
             responses.append(Response(key, request, error))

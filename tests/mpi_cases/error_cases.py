@@ -65,6 +65,26 @@ def not_a_member() -> Tuple[str, str]:
         return (type(exc).__name__, str(exc))
 
 
+def mismatch_on_a_set() -> Dict[str, Tuple[str, str]]:
+    """np=4: ranks 2 and 3, a process set, disagree on a shape, then rank 3 alone passes an
+    unsupported dtype; the messages must name them by their world ranks."""
+    rank = hvd.rank()
+    ps = hvd.add_process_set([2, 3])
+    seen: Dict[str, Tuple[str, str]] = {}
+    if rank in (2, 3):
+        calls = {"shape": lambda: hvd.allreduce(np.ones(3 + rank), process_set=ps),
+                 "dtype": lambda: hvd.allreduce(np.ones(2, np.complex64 if rank == 3 else
+                                                         np.float32), process_set=ps)}
+        for name, call in calls.items():
+            try:
+                call()
+                seen[name] = ("no error", "")
+            except Exception as exc:  # noqa: BLE001
+                seen[name] = (type(exc).__name__, str(exc))
+    hvd.remove_process_set(ps)
+    return seen
+
+
 def before_init() -> Tuple[str, str]:
     hvd.shutdown()
     try:
