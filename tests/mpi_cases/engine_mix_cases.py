@@ -1,0 +1,205 @@
+"""Random mixes of collectives through the engine, the same mix on every rank (one seed) and
+each rank submitting it in its own order from several threads: async calls of every kind on
+the world and on overlapping process sets, waited for in yet another order, with blocking
+calls in between. Every result is checked on every rank against NumPy."""
+import random
+import threading
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+import hvdlike as hvd
+import reference
+
+KINDS = ["allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+         "alltoall", "reducescatter", "grouped_reducescatter"]
+GROUPED = ("grouped_allreduce", "grouped_allgather", "grouped_reducescatter")
+DTYPES = ["float32", "float64", "float16", "int32", "int64", "uint8"]
+OPS = ["Sum", "Average", "Min", "Max"]
+
+
+class Op(NamedTuple):
+    index: int
+    kind: str
+    name: str
+    members: List[int]  # the ranks of its process set
+    set_index: int  # 0: the world
+    dtype: str
+    sizes: List[int]  # elements per tensor (grouped: several)
+    op: str
+    root: int  # broadcast: the root's index in members
+    scale: Tuple[float, float]  # allreduces: prescale and postscale factors
+
+
+def plan(seed: int, size: int, count: int) -> List[Op]:
+    """The mix, the same on every rank, on the process sets of ``set_ranks``."""
+    rng = random.Random(seed)
+    sets = set_ranks(size)
+    ops = []
+    for i in range(count):
+        kind = rng.choice(KINDS)
+        s = rng.randrange(len(sets)) if rng.random() < 0.3 else 0
+        dtype = rng.choice(DTYPES if kind != "allreduce" else DTYPES + ["bool"])
+        big = rng.random() < 0.15  # past HVDLIKE_SHM_THRESHOLD's 1 KiB in the tests
+        sizes = [rng.choice([0, 1, 3, 40, 3000 if big else 7])
+                 for _ in range(rng.randint(1, 5) if kind in GROUPED else 1)]
+        op = rng.choice(OPS) if dtype != "bool" else rng.choice(["Sum", "Min"])
+        scale = (1.0, 1.0)
+        if kind.endswith("allreduce") and dtype[0] == "f" and rng.random() < 0.3:
+            scale = (rng.choice([0.5, 1.0, 2.0]), rng.choice([0.25, 1.0, 4.0]))
+        ops.append(Op(i, kind, f"mix.{i}", sets[s], s, dtype, sizes, op,
+                      rng.randrange(len(sets[s])), scale))
+    return ops
+
+
+def set_ranks(size: int) -> List[List[int]]:
+    """The world; ranks {0, 1} (at np=2: rank 1 alone); from np=3 on, every rank but 0
+    (overlapping the second set in rank 1)."""
+    return [list(range(size)), [0, 1] if size >= 3 else [1]] + (
+        [list(range(1, size))] if size >= 3 else [])
+
+
+def _input(op: Op, rank: int, tensor: int) -> np.ndarray:
+    """Small integers, so that sums and averages are exact in every dtype and order."""
+    rng = np.random.default_rng([op.index, rank, tensor])
+    n = op.sizes[tensor]
+    if op.kind.endswith("allgather"):
+        n = n * (1 + op.members.index(rank) % 2)  # ranks give different first dimensions
+    if op.kind in ("alltoall", "reducescatter", "grouped_reducescatter"):
+        n = n * len(op.members)
+    if op.dtype == "bool":
+        return rng.random(n) < 0.5
+    low = 0 if op.dtype == "uint8" else -3
+    return rng.integers(low, 4, n).astype(op.dtype)
+
+
+def _expected(op: Op, rank: int) -> Any:
+    me = op.members.index(rank)
+    alls = [[_input(op, r, t) for r in op.members] for t in range(len(op.sizes))]
+    if op.kind in ("allreduce", "grouped_allreduce"):
+        out = [reference.reduce(arrays, op.op, *op.scale) for arrays in alls]
+        return out[0] if op.kind == "allreduce" else out
+    if op.kind == "allgather":
+        return np.concatenate(alls[0])
+    if op.kind == "grouped_allgather":
+        return [np.concatenate(arrays) for arrays in alls]
+    if op.kind == "grouped_reducescatter":
+        return [reference.reduce(arrays, op.op)[me * k:(me + 1) * k]
+                for arrays, k in zip(alls, op.sizes)]
+    if op.kind == "broadcast":
+        return alls[0][op.root]
+    if op.kind == "alltoall":
+        k = op.sizes[0]
+        return np.concatenate([a[me * k:(me + 1) * k] for a in alls[0]])
+    k = op.sizes[0]  # reducescatter: this rank's equal part of the reduction
+    return reference.reduce(alls[0], op.op)[me * k:(me + 1) * k]
+
+
+def _submit(op: Op, rank: int, process_sets: List[Any]) -> Any:
+    ps = process_sets[op.set_index]
+    xs = [_input(op, rank, t) for t in range(len(op.sizes))]
+    reduce_op = getattr(hvd, op.op)
+    pre, post = op.scale
+    if op.kind == "allreduce":
+        return hvd.allreduce_async(xs[0], op=reduce_op, prescale_factor=pre,
+                                   postscale_factor=post, name=op.name, process_set=ps)
+    if op.kind == "grouped_allreduce":
+        return hvd.grouped_allreduce_async(xs, op=reduce_op, prescale_factor=pre,
+                                           postscale_factor=post, name=op.name, process_set=ps)
+    if op.kind == "allgather":
+        return hvd.allgather_async(xs[0], name=op.name, process_set=ps)
+    if op.kind == "grouped_allgather":
+        return hvd.grouped_allgather_async(xs, name=op.name, process_set=ps)
+    if op.kind == "grouped_reducescatter":
+        return hvd.grouped_reducescatter_async(xs, op=reduce_op, name=op.name, process_set=ps)
+    if op.kind == "broadcast":
+        return hvd.broadcast_async(xs[0], root_rank=op.members[op.root], name=op.name,
+                                   process_set=ps)
+    if op.kind == "alltoall":
+        return hvd.alltoall_async(xs[0], name=op.name, process_set=ps)
+    return hvd.reducescatter_async(xs[0], op=reduce_op, name=op.name, process_set=ps)
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(want, list):
+        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want))
+    return got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+
+
+def run(seed: int, count: int = 60, threads: int = 3) -> Dict[str, Any]:
+    """Submit the mix in a rank-dependent order from ``threads`` threads (each its own share,
+    also rank-dependent), every tenth op of a thread followed by a blocking all-reduce of the
+    world that every rank makes in the same order; wait in another order. Returns what went
+    wrong (nothing, when all is well) and how many results were checked."""
+    rank, size = hvd.rank(), hvd.size()
+    ops = plan(seed, size, count)
+    sets = [hvd.global_process_set] + [hvd.add_process_set(r) for r in set_ranks(size)[1:]]
+    mine = [op for op in ops if rank in op.members]
+    random.Random(seed * 1000 + rank).shuffle(mine)
+    shares: List[List[Op]] = [mine[t::threads] for t in range(threads)]
+    handles: Dict[int, Any] = {}
+    errors: List[str] = []
+    lock = threading.Lock()
+    # the blocking calls: made by thread 0 only, in the same order on every rank
+    blocking = [np.full(4, float(rank + b)) for b in range(count // 10)]
+    blocking_got: List[Optional[np.ndarray]] = [None] * len(blocking)
+
+    def work(t: int) -> None:
+        try:
+            b = 0
+            for k, op in enumerate(shares[t]):
+                handle = _submit(op, rank, sets)
+                with lock:
+                    handles[op.index] = handle
+                if t == 0 and k % 10 == 9 and b < len(blocking):
+                    blocking_got[b] = hvd.allreduce(blocking[b], op=hvd.Sum, name=f"mix.b{b}")
+                    b += 1
+            while t == 0 and b < len(blocking):
+                blocking_got[b] = hvd.allreduce(blocking[b], op=hvd.Sum, name=f"mix.b{b}")
+                b += 1
+        except Exception as exc:  # noqa: BLE001 - reported with the results
+            with lock:
+                errors.append(f"thread {t}: {type(exc).__name__}: {exc}")
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    waits = sorted(handles, key=lambda i: random.Random(seed + i + 7 * rank).random())
+    checked = 0
+    for i in waits:
+        op = ops[i]
+        try:
+            got = handles[i].synchronize()
+            if op.kind == "alltoall":  # the async form always gives the splits too
+                got, splits = got
+                if splits.tolist() != [op.sizes[0]] * len(op.members):
+                    errors.append(f"{op}: received splits {splits.tolist()}")
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"{op}: {type(exc).__name__}: {exc}")
+            continue
+        if not _same(got, _expected(op, rank)):
+            errors.append(f"{op}: got {got!r}, want {_expected(op, rank)!r}")
+        checked += 1
+    for b, got in enumerate(blocking_got):
+        want = np.full(4, float(sum(r + b for r in range(size))))
+        if got is None or not np.array_equal(got, want):
+            errors.append(f"blocking mix.b{b}: got {got!r}, want {want!r}")
+        checked += 1
+    for ps in sets[1:]:
+        hvd.remove_process_set(ps)
+    return dict(errors=errors, checked=checked, expected=len(mine) + len(blocking))
+
+
+def run_seeds(first: int, count: int) -> Dict[str, Any]:
+    """``run`` for seeds first..first+count-1, one after the other in one job (each seed
+    gives its names new metadata: cached names are negotiated again)."""
+    errors: List[str] = []
+    checked = expected = 0
+    for seed in range(first, first + count):
+        result = run(seed)
+        errors += [f"seed {seed}: {e}" for e in result["errors"]]
+        checked += result["checked"]
+        expected += result["expected"]
+    return dict(errors=errors, checked=checked, expected=expected)
