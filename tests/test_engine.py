@@ -116,3 +116,19 @@ def test_random_mixes_in_rank_dependent_orders_from_threads_match_numpy(np_, env
                                      first=0, count=12)):
         assert r["errors"] == [], f"rank {rank}: " + "\n".join(r["errors"][:5])
         assert r["checked"] == r["expected"] >= 12 * 25, f"rank {rank}: {r}"
+
+
+@pytest.mark.parametrize("np_,env", [
+    (2, {}),
+    (3, {"HVDLIKE_SHM_THRESHOLD": "0", "HVDLIKE_SHM_BUFFER": "4096",
+         "HVDLIKE_FUSION_THRESHOLD": "64"}),
+], ids=["np2", "np3-shm-rounds"])
+def test_ranks_with_uneven_steps_join_and_async_calls_in_any_order_stay_right(np_, env):
+    """Each rank runs its own number of steps of async all-reduces (named, in a
+    rank-dependent order), then joins; joined ranks count as zeros, and join returns the
+    same rank everywhere, one that ran the most steps (engine_mix_cases.uneven_steps)."""
+    results = run_mpi(np_, "engine_mix_cases:uneven_steps_seeds", timeout=120, env=env,
+                      first=0, count=15)
+    for rank, r in enumerate(results):
+        assert r["errors"] == [], f"rank {rank}: " + "\n".join(r["errors"][:5])
+        assert r["lasts"] == results[0]["lasts"]

@@ -203,3 +203,58 @@ def run_seeds(first: int, count: int) -> Dict[str, Any]:
         checked += result["checked"]
         expected += result["expected"]
     return dict(errors=errors, checked=checked, expected=expected)
+
+
+def uneven_steps(seed: int) -> Dict[str, Any]:
+    """A training loop with a rank-dependent number of steps, then ``join``: each step
+    submits named Sum and Average all-reduces (one grouped) async in a rank-dependent order;
+    a rank that has joined counts as zeros. Returns what went wrong and what join returned."""
+    rank, size = hvd.rank(), hvd.size()
+    rng = random.Random(seed)
+    steps = [rng.randint(1, 6) for _ in range(size)]
+    shapes = [rng.choice([1, 5, 300, 70000]) for _ in range(4)]
+    order = random.Random(seed * 1000 + rank)
+    errors: List[str] = []
+
+    def value(r: int, step: int, t: int) -> np.ndarray:
+        return np.random.default_rng([seed, r, step, t]).integers(-3, 4, shapes[t]).astype(
+            np.float32)
+
+    for step in range(steps[rank]):
+        calls = list(range(3))
+        order.shuffle(calls)
+        handles: Dict[int, Any] = {}
+        for c in calls:
+            if c == 0:
+                handles[c] = hvd.allreduce_async(value(rank, step, 0), op=hvd.Sum, name="u.0")
+            elif c == 1:
+                handles[c] = hvd.allreduce_async(value(rank, step, 1), op=hvd.Average,
+                                                 name="u.1")
+            else:
+                handles[c] = hvd.grouped_allreduce_async(
+                    [value(rank, step, 2), value(rank, step, 3)], op=hvd.Sum, name="u.g")
+        live = [r for r in range(size) if steps[r] > step]
+        want = {0: sum(value(r, step, 0) for r in live),
+                1: sum(value(r, step, 1) for r in live) * np.float32(1.0 / size),
+                2: [sum(value(r, step, t) for r in live) for t in (2, 3)]}
+        for c in sorted(handles, key=lambda _: order.random()):
+            got = handles[c].synchronize()
+            if not _same(got, [w.astype(np.float32) for w in want[c]] if c == 2
+                         else want[c].astype(np.float32)):
+                errors.append(f"step {step} call {c}: got {got!r}, want {want[c]!r}")
+    last = hvd.join()
+    most = max(steps)
+    if steps[last] != most:
+        errors.append(f"join returned {last}, which ran {steps[last]} steps; steps: {steps}")
+    return dict(errors=errors, last=last)
+
+
+def uneven_steps_seeds(first: int, count: int) -> Dict[str, Any]:
+    """``uneven_steps`` for seeds first..first+count-1 in one job."""
+    errors: List[str] = []
+    lasts = []
+    for seed in range(first, first + count):
+        result = uneven_steps(seed)
+        errors += [f"seed {seed}: {e}" for e in result["errors"]]
+        lasts.append(result["last"])
+    return dict(errors=errors, lasts=lasts)
