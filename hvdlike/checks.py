@@ -40,8 +40,7 @@ def raised_on_every_rank(exc: Exception, set_rank: int) -> Exception:
 
 
 def resolve_or_error(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]],
-                     any_joined: bool, ranks: Optional[Sequence[int]] = None
-                     ) -> Tuple[Request, Optional[Exception]]:
+                     ranks: Sequence[int]) -> Tuple[Request, Optional[Exception]]:
     """``resolve`` that returns (agreed request, None) or (a request, the exception)."""
     try:
         return resolve(answers, ranks), None
@@ -51,11 +50,10 @@ def resolve_or_error(answers: Sequence[Optional[Tuple[Request, Optional[LocalErr
 
 
 def resolve(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]],
-            ranks: Optional[Sequence[int]] = None) -> Request:
+            ranks: Sequence[int]) -> Request:
     """Given every rank's (request, error) (None for joined ranks), return the agreed request
-    or raise the same exception on every rank. ``ranks``: the world rank of each answer (a
-    process set's members), which the messages name; by default 0, 1, ..."""
-    ranks = range(len(answers)) if ranks is None else ranks
+    or raise the same exception on every rank. ``ranks``: the world rank of each answer (the
+    process set's members), which the messages name."""
     active = [(r, a[0], a[1]) for r, a in zip(ranks, answers) if a is not None]
     what = f"hvdlike.{active[0][1].kind}"
     errors = [(r, e) for r, _, e in active if e is not None]

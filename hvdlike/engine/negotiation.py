@@ -145,8 +145,7 @@ class Negotiation:
                 continue
             del self._announced[key]
             members = self._members(key[0])
-            request, error = resolve_or_error([table.get(r) for r in members],
-                                              key[0] == 0 and any(joined), members)
+            request, error = resolve_or_error([table.get(r) for r in members], members)
             if error is None:
                 self._insert(key, request)
             responses.append(Response(key, request, error))
