@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +251,18 @@ def _launch_2x2(cluster, program, env=None, timeout=60, ulfm=False):
         0, cluster.mpirun_argv(mpirun, [2, 2], argv, extra)))
 
 
+# What Open MPI 5.0.11's launcher (PRRTE) prints when it fails while survivors on two hosts
+# spawn a replacement, or at the end of such a job: about 4% of runs here, none on one host
+# (docs/reliability.md). A negative status is the launcher itself killed by a signal.
+PRRTE_CRASHED = ("pmix_server_dyn.c", "A daemon failed to report back",
+                 "PRTE has lost communication with a remote daemon")
+
+
+def _launcher_crashed(job) -> bool:
+    return not job.timed_out and job.returncode != 0 and (
+        job.returncode < 0 or any(line in job.output for line in PRRTE_CRASHED))
+
+
 @pytest.mark.parametrize("ulfm,replace", [(False, False), (True, False), (True, True)],
                          ids=["plain", "elastic", "elastic-replaced"])
 def test_a_rank_killed_on_host_b(cluster, ulfm, replace):
@@ -261,13 +274,20 @@ def test_a_rank_killed_on_host_b(cluster, ulfm, replace):
     (docs/reliability.md).
     Elastic (ULFM): the three survivors on both hosts finish with the result of the same
     ranks from the last commit on; with HVDLIKE_ELASTIC_MAX_NP=4 a new rank 3 joins them
-    and the result is that of four ranks throughout."""
+    and the result is that of four ranks throughout. A replacement run in which Open MPI's
+    launcher failed (an upstream bug, PRRTE_CRASHED) runs once more, with a warning."""
     import time
     from test_elastic import KILL_STEP, STEPS, _killed_at, _reference, _results
     program = [sys.executable, str(REPO / "tests/mpi_cases/elastic_cases.py"),
                "before" if ulfm else "plain", "3", str(KILL_STEP), str(STEPS)]
     job = _launch_2x2(cluster, program, ulfm=ulfm,
                       env={"HVDLIKE_ELASTIC_MAX_NP": "4"} if replace else None)
+    if replace and _launcher_crashed(job):
+        warnings.warn(f"Open MPI's launcher failed around the spawn of the new rank (status "
+                      f"{job.returncode}, an upstream bug: docs/reliability.md); the job ran "
+                      f"again:\n"
+                      f"{job.output[-1500:]}")
+        job = _launch_2x2(cluster, program, ulfm=ulfm, env={"HVDLIKE_ELASTIC_MAX_NP": "4"})
     ended = time.time()
     assert not job.timed_out, job.output[-5000:]
     if not ulfm:
