@@ -56,7 +56,8 @@ def _launcher(cluster, slots):
     mpirun = str(Path(sys.executable).parent / "mpirun")
     names = ["PYTHONPATH", "OMPI_MCA_osc", "TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED",
              "TF_ENABLE_ONEDNN_OPTS", "CUDA_VISIBLE_DEVICES",
-             "HVDLIKE_SHM_THRESHOLD", "HVDLIKE_SHM_BUFFER", "HVDLIKE_TEST_CHECKS"]
+             "HVDLIKE_SHM_THRESHOLD", "HVDLIKE_SHM_BUFFER", "HVDLIKE_TEST_CHECKS",
+             "HVDLIKE_HIERARCHICAL_ALLREDUCE", "HVDLIKE_FUSION_THRESHOLD"]
     return lambda argv: cluster.command_on(0, cluster.mpirun_argv(
         mpirun, slots, argv, [a for n in names for a in ("-x", n)]))
 
@@ -76,6 +77,23 @@ def test_every_collective_dtype_and_op_equals_numpy_across_hosts(cluster, slots)
         for case in CASES:
             assert_same(results[rank][case.id], expected(case, rank, n),
                         f"{case.id} rank {rank} of {slots}")
+
+
+@pytest.mark.parametrize("hierarchical", ["1", "0"], ids=["hierarchical", "flat"])
+def test_random_mixes_of_collectives_in_rank_dependent_orders_across_hosts(cluster,
+                                                                          hierarchical):
+    """tests/mpi_cases/engine_mix_cases.py on 2 hosts x 2 ranks: every kind of collective,
+    async on the world and on process sets within and across the hosts, each rank
+    submitting in its own order from three threads; shared memory inside each host, the
+    all-reduces of the world hierarchical or flat over the link."""
+    env = {"PYTHONPATH": str(REPO), "OMPI_MCA_osc": "^ucx", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HVDLIKE_SHM_THRESHOLD": "1024",
+           "HVDLIKE_FUSION_THRESHOLD": "4096", "HVDLIKE_HIERARCHICAL_ALLREDUCE": hierarchical}
+    results = run_mpi(4, "engine_mix_cases:run_seeds", timeout=240, env=env,
+                      launcher=_launcher(cluster, [2, 2]), first=100, count=6)
+    for rank, r in enumerate(results):
+        assert r["errors"] == [], f"rank {rank}: " + "\n".join(r["errors"][:5])
+        assert r["checked"] == r["expected"] >= 6 * 25, f"rank {rank}: {r}"
 
 
 TRAIN_CHECKS = ["fit_sgd_np_equals_single_process_global_batch",
@@ -160,7 +178,7 @@ def _run(cluster, slots, tmp_path, hierarchical="auto"):
     return results, {h: after[h] - before[h] for h in after}
 
 
-@pytest.mark.parametrize("hierarchical", ["1", "0"])
+@pytest.mark.parametrize("hierarchical", ["1", "0"], ids=["hierarchical", "flat"])
 def test_two_hosts_two_ranks_each(cluster, tmp_path, hierarchical):
     results, sent = _run(cluster, [2, 2], tmp_path, hierarchical)
     size = 4
