@@ -29,10 +29,12 @@ class Op(NamedTuple):
     op: str
     root: int  # broadcast: the root's index in members
     scale: Tuple[float, float]  # allreduces: prescale and postscale factors
+    bad: int  # the index in members of a rank that passes another dtype (-1: none)
 
 
-def plan(seed: int, size: int, count: int) -> List[Op]:
-    """The mix, the same on every rank, on the process sets of ``set_ranks``."""
+def plan(seed: int, size: int, count: int, faults: bool = False) -> List[Op]:
+    """The mix, the same on every rank, on the process sets of ``set_ranks``; with
+    ``faults``, about one op in ten has a member that passes another dtype."""
     rng = random.Random(seed)
     sets = set_ranks(size)
     ops = []
@@ -47,8 +49,11 @@ def plan(seed: int, size: int, count: int) -> List[Op]:
         scale = (1.0, 1.0)
         if kind.endswith("allreduce") and dtype[0] == "f" and rng.random() < 0.3:
             scale = (rng.choice([0.5, 1.0, 2.0]), rng.choice([0.25, 1.0, 4.0]))
+        bad = -1
+        if faults and len(sets[s]) > 1 and rng.random() < 0.1:
+            bad = rng.randrange(len(sets[s]))
         ops.append(Op(i, kind, f"mix.{i}", sets[s], s, dtype, sizes, op,
-                      rng.randrange(len(sets[s])), scale))
+                      rng.randrange(len(sets[s])), scale, bad))
     return ops
 
 
@@ -98,6 +103,8 @@ def _expected(op: Op, rank: int) -> Any:
 def _submit(op: Op, rank: int, process_sets: List[Any]) -> Any:
     ps = process_sets[op.set_index]
     xs = [_input(op, rank, t) for t in range(len(op.sizes))]
+    if op.bad >= 0 and rank == op.members[op.bad]:
+        xs = [x.astype(np.int32 if x.dtype == np.float64 else np.float64) for x in xs]
     reduce_op = getattr(hvd, op.op)
     pre, post = op.scale
     if op.kind == "allreduce":
@@ -126,13 +133,14 @@ def _same(got: Any, want: Any) -> bool:
     return got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
 
 
-def run(seed: int, count: int = 60, threads: int = 3) -> Dict[str, Any]:
+def run(seed: int, count: int = 60, threads: int = 3, faults: bool = False) -> Dict[str, Any]:
     """Submit the mix in a rank-dependent order from ``threads`` threads (each its own share,
     also rank-dependent), every tenth op of a thread followed by a blocking all-reduce of the
-    world that every rank makes in the same order; wait in another order. Returns what went
-    wrong (nothing, when all is well) and how many results were checked."""
+    world that every rank makes in the same order; wait in another order. An op with a bad
+    member must raise CollectiveMismatchError naming that rank on every member. Returns what
+    went wrong (nothing, when all is well) and how many results were checked."""
     rank, size = hvd.rank(), hvd.size()
-    ops = plan(seed, size, count)
+    ops = plan(seed, size, count, faults)
     sets = [hvd.global_process_set] + [hvd.add_process_set(r) for r in set_ranks(size)[1:]]
     mine = [op for op in ops if rank in op.members]
     random.Random(seed * 1000 + rank).shuffle(mine)
@@ -177,9 +185,14 @@ def run(seed: int, count: int = 60, threads: int = 3) -> Dict[str, Any]:
                 if splits.tolist() != [op.sizes[0]] * len(op.members):
                     errors.append(f"{op}: received splits {splits.tolist()}")
         except Exception as exc:  # noqa: BLE001
-            errors.append(f"{op}: {type(exc).__name__}: {exc}")
+            named = f"rank {op.members[op.bad]} has" in str(exc) if op.bad >= 0 else False
+            if not (isinstance(exc, hvd.CollectiveMismatchError) and named):
+                errors.append(f"{op}: {type(exc).__name__}: {exc}")
+            checked += 1
             continue
-        if not _same(got, _expected(op, rank)):
+        if op.bad >= 0:
+            errors.append(f"{op}: no error, got {got!r}")
+        elif not _same(got, _expected(op, rank)):
             errors.append(f"{op}: got {got!r}, want {_expected(op, rank)!r}")
         checked += 1
     for b, got in enumerate(blocking_got):
@@ -192,13 +205,13 @@ def run(seed: int, count: int = 60, threads: int = 3) -> Dict[str, Any]:
     return dict(errors=errors, checked=checked, expected=len(mine) + len(blocking))
 
 
-def run_seeds(first: int, count: int) -> Dict[str, Any]:
+def run_seeds(first: int, count: int, faults: bool = False) -> Dict[str, Any]:
     """``run`` for seeds first..first+count-1, one after the other in one job (each seed
     gives its names new metadata: cached names are negotiated again)."""
     errors: List[str] = []
     checked = expected = 0
     for seed in range(first, first + count):
-        result = run(seed)
+        result = run(seed, faults=faults)
         errors += [f"seed {seed}: {e}" for e in result["errors"]]
         checked += result["checked"]
         expected += result["expected"]
