@@ -135,3 +135,14 @@ def test_ranks_with_uneven_steps_join_and_async_calls_in_any_order_stay_right(np
     for rank, r in enumerate(results):
         assert r["errors"] == [], f"rank {rank}: " + "\n".join(r["errors"][:5])
         assert r["lasts"] == results[0]["lasts"]
+
+
+def test_a_cache_capacity_of_zero_turns_the_response_cache_off():
+    """HVDLIKE_CACHE_CAPACITY=0 (Horovod's way to turn the cache off): nothing is cached,
+    every request is negotiated in full, and results stay right."""
+    results = run_mpi(2, "engine_cases:without_response_cache", timeout=120, steps=20,
+                      env={"HVDLIKE_CACHE_CAPACITY": "0"})
+    for rank, r in enumerate(results):
+        assert r["sums"] == [float(i * 4 + 1) for i in range(20)], f"rank {rank}"
+        assert r["mix_errors"] == [], f"rank {rank}: " + "\n".join(r["mix_errors"][:5])
+        assert (r["cached"], r["direct"]) == (0, 0), f"rank {rank}: {r}"

@@ -67,8 +67,8 @@ class Negotiation:
     def __init__(self, size: int, capacity: int,
                  members: Callable[[int], Sequence[int]]) -> None:
         self.size = size
-        self.capacity = max(64, -(-capacity // 64) * 64)
-        self.words = self.capacity // 64
+        self.capacity = max(0, capacity)  # 0: no cache, every request announced in full
+        self.words = max(1, -(-self.capacity // 64))
         self._members = members
         self._cache: Dict[Key, Tuple[int, Request]] = {}
         self._by_position: Dict[int, Key] = {}

@@ -156,3 +156,19 @@ def blocking_calls_in_rounds_of_their_own(steps: int) -> Dict[str, Any]:
             obj=hvd.broadcast_object({"r": rank}, root_rank=0)))
     return dict(sums=sums, direct=direct, late=late, mixed=mixed, fresh=fresh, in_set=in_set,
                 others=others)
+
+
+def without_response_cache(steps: int) -> Dict[str, Any]:
+    """HVDLIKE_CACHE_CAPACITY=0: a loop of blocking named calls, then the random mix of
+    engine_mix_cases; the engine must remember no request and run none on the latency path
+    (which needs a cached name)."""
+    import engine_mix_cases
+    from hvdlike import runtime
+
+    rank, size = hvd.rank(), hvd.size()
+    engine = runtime.state().engine
+    sums = [hvd.allreduce(np.full(3, float(i * size + rank)), op=hvd.Sum, name="a")[0]
+            for i in range(steps)]
+    mix = engine_mix_cases.run_seeds(first=0, count=3)
+    return dict(sums=sums, mix_errors=mix["errors"], direct=engine.direct_runs,
+                cached=len(engine._neg._cache))
