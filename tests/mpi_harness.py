@@ -62,13 +62,30 @@ def launch(np: int, argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT,
 
 
 def startup_failed(output: str, seconds: float) -> bool:
-    """Open MPI's launcher now and then cannot start its PMIx server (nothing ran yet): that
-    says nothing about the job, which the caller then starts once more."""
-    failed = "The PMIx server's listener thread failed to start" in output and seconds < 5
-    if failed:
-        print("[harness] Open MPI's PMIx server did not start: starting the job again",
-              file=sys.stderr)
-    return failed
+    """Open MPI's launcher now and then cannot start its PMIx server, or (on the test
+    cluster, once in CI) its daemon on the second host: nothing ran yet, which says nothing
+    about the job, and the caller starts it once more."""
+    if "The PMIx server's listener thread failed to start" in output and seconds < 5:
+        what = "Open MPI's PMIx server did not start"
+    elif "A daemon failed to report back after being spawned" in output and \
+            _only_launcher_messages(output):
+        what = "Open MPI's daemon on another host did not start"
+    else:
+        return False
+    print(f"[harness] {what}: starting the job again", file=sys.stderr)
+    return True
+
+
+def _only_launcher_messages(output: str) -> bool:
+    """Whether every line of ``output`` lies in one of Open MPI's boxed messages (between
+    lines of dashes): then no rank has printed anything."""
+    inside = False
+    for line in output.splitlines():
+        if re.fullmatch(r"-{20,}", line.strip()):
+            inside = not inside
+        elif line.strip() and not inside:
+            return False
+    return True
 
 
 def _run(cmd: List[str], full_env: Dict[str, str], timeout: float) -> Job:

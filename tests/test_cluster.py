@@ -51,13 +51,12 @@ def _job(cluster, slots, script, tmp_path):
     return argv, env
 
 
-def _launcher(cluster, slots):
-    """For ``run_mpi``: the rank command run as ``slots[i]`` ranks on host i."""
+def _launcher(cluster, slots, env):
+    """For ``run_mpi``: the rank command run as ``slots[i]`` ranks on host i, with the test
+    environment and ``env`` forwarded to every host."""
+    from mpi_harness import TEST_ENV
     mpirun = str(Path(sys.executable).parent / "mpirun")
-    names = ["PYTHONPATH", "OMPI_MCA_osc", "TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED",
-             "TF_ENABLE_ONEDNN_OPTS", "CUDA_VISIBLE_DEVICES",
-             "HVDLIKE_SHM_THRESHOLD", "HVDLIKE_SHM_BUFFER", "HVDLIKE_TEST_CHECKS",
-             "HVDLIKE_HIERARCHICAL_ALLREDUCE", "HVDLIKE_FUSION_THRESHOLD"]
+    names = [*env, *(n for n in TEST_ENV if n not in env)]
     return lambda argv: cluster.command_on(0, cluster.mpirun_argv(
         mpirun, slots, argv, [a for n in names for a in ("-x", n)]))
 
@@ -72,7 +71,7 @@ def test_every_collective_dtype_and_op_equals_numpy_across_hosts(cluster, slots)
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HVDLIKE_SHM_THRESHOLD": "0",
            "HVDLIKE_SHM_BUFFER": "64"}
     results = run_mpi(n, "collective_cases:run", timeout=240, env=env,
-                      launcher=_launcher(cluster, slots))
+                      launcher=_launcher(cluster, slots, env))
     for rank in range(n):
         for case in CASES:
             assert_same(results[rank][case.id], expected(case, rank, n),
@@ -90,7 +89,7 @@ def test_random_mixes_of_collectives_in_rank_dependent_orders_across_hosts(clust
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HVDLIKE_SHM_THRESHOLD": "1024",
            "HVDLIKE_FUSION_THRESHOLD": "4096", "HVDLIKE_HIERARCHICAL_ALLREDUCE": hierarchical}
     results = run_mpi(4, "engine_mix_cases:run_seeds", timeout=240, env=env,
-                      launcher=_launcher(cluster, [2, 2]), first=100, count=6)
+                      launcher=_launcher(cluster, [2, 2], env), first=100, count=6)
     for rank, r in enumerate(results):
         assert r["errors"] == [], f"rank {rank}: " + "\n".join(r["errors"][:5])
         assert r["checked"] == r["expected"] >= 6 * 25, f"rank {rank}: {r}"
@@ -108,7 +107,7 @@ def test_keras_training_across_hosts_equals_one_process_with_the_global_batch(cl
     env = {"PYTHONPATH": str(REPO), "OMPI_MCA_osc": "^ucx", "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     job = run_script(2, "train_checks.py", timeout=300, env=env,
-                     launcher=_launcher(cluster, [1, 1]))
+                     launcher=_launcher(cluster, [1, 1], env))
     for check in TRAIN_CHECKS:
         assert job.passed(check, 2), job.output[-6000:]
     assert job.returncode == 0, job.output[-6000:]
@@ -126,7 +125,7 @@ def test_parameter_servers_on_host_b_train_workers_on_host_a(cluster):
     env = {"PYTHONPATH": str(REPO), "OMPI_MCA_osc": "^ucx", "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HVDLIKE_TEST_CHECKS": ",".join(checks)}
     job = run_script(4, "ps_checks.py", 2, timeout=300, env=env,
-                     launcher=_launcher(cluster, [2, 2]))
+                     launcher=_launcher(cluster, [2, 2], env))
     assert not job.timed_out, job.output[-6000:]
     for check in checks:
         assert job.passed(check, 4), job.output[-6000:]
