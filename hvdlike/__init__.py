@@ -34,7 +34,7 @@ from .errors import (CollectiveMismatchError, HostsUpdatedInterrupt, NotInitiali
                      RanksFailedError)
 from .handles import Handle, poll, synchronize
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from .reduce_ops import Average, Max, Min, Product, ReduceOp, Sum
+from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .timeline import start_timeline, stop_timeline
 from .runtime import (
     cross_rank,

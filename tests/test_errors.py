@@ -17,6 +17,8 @@ EXPECTED = {
     "unsupported_dtype_allgather": ("TypeError", ["<U1", "not supported"]),
     "bool_average": ("TypeError", ["Average", "bool"]),
     "unknown_op": ("ValueError", ["unknown reduction op 17"]),
+    "adasum": ("ValueError", ["Adasum (Horovod's adaptive summation) is not supported",
+                              "hvdlike.Average"]),
     "alltoall_bad_splits": ("ValueError", ["splits", "summing to the first dimension", "got [1, 1"]),
     "alltoall_indivisible": ("ValueError", ["divisible", "splits="]),
     "allgather_trailing_shape": ("CollectiveMismatchError", ["shape after the first dimension"]),

@@ -1,7 +1,7 @@
 """hvdlike for TensorFlow 2 (like ``horovod.tensorflow``): re-exports only."""
 from hvdlike import (  # noqa: F401
     init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
-    cross_size, ReduceOp, Average, Sum, Min, Max, Product, ProcessSet, global_process_set,
+    cross_size, ReduceOp, Average, Sum, Min, Max, Product, Adasum, ProcessSet, global_process_set,
     add_process_set, remove_process_set, CollectiveMismatchError, NotInitializedError,
     RanksFailedError, HostsUpdatedInterrupt, HorovodInternalError,
     mpi_enabled, mpi_built, mpi_threads_supported, gloo_enabled, gloo_built, nccl_built,

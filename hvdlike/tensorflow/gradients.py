@@ -13,7 +13,8 @@ import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import runtime as _runtime
-from hvdlike import Average, Sum, ReduceOp
+from hvdlike import Average, Sum
+from hvdlike.reduce_ops import as_reduce_op
 
 from hvdlike.tensorflow import ops as _ops
 from hvdlike.tensorflow.compression import Compression
@@ -64,7 +65,7 @@ def allreduce_gradients(tensors: List[Any], name: Optional[str],
                 continue
             t = tf.convert_to_tensor(t)
         c, ctx = compression.compress(_ops._to_tensor(t, "allreduce", names[i]))
-        keys.append(_ops.allreduce_submit(c, ReduceOp(op), prescale_factor, postscale_factor,
+        keys.append(_ops.allreduce_submit(c, as_reduce_op(op), prescale_factor, postscale_factor,
                                           names[i], process_set))
         dense.append(i)
         compressed.append(c)
@@ -102,7 +103,7 @@ class GradientReducer:
                  gradient_predivide_factor=1.0, num_groups=0, groups=None,
                  process_set=_core.global_process_set, name=None, owner="DistributedOptimizer",
                  scale_local_gradients=True):
-        op = ReduceOp(op)
+        op = as_reduce_op(op)
         if op not in (Average, Sum):
             raise ValueError(f"hvdlike.tensorflow.{owner}: op must be hvdlike.Average or "
                              f"hvdlike.Sum for gradients (got {op.name}).")

@@ -24,6 +24,7 @@ import hvdlike as _core
 from hvdlike import process_sets as _process_sets
 from hvdlike import timeline as _timeline
 from hvdlike import Average, Sum, Min, Max, Product, ReduceOp, global_process_set  # noqa: F401
+from hvdlike.reduce_ops import as_reduce_op
 from hvdlike import ProcessSet
 
 from hvdlike.tensorflow import compat, devices
@@ -195,7 +196,7 @@ def _normalize_op(op, average, what):
             raise ValueError(f"hvdlike.tensorflow.{what}: pass either op= or the deprecated "
                              "average=, not both.")
         return Average if average else Sum
-    return Average if op is None else ReduceOp(op)
+    return Average if op is None else as_reduce_op(op)
 
 
 # --------------------------------------------------------------------------- allreduce
@@ -558,7 +559,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compre
     """
     tensor = _to_tensor(tensor, "reducescatter", name)
     c, ctx = compression.compress(tensor)
-    out = _grouped_reducescatter_with_grad([c], ReduceOp(op), prescale_factor,
+    out = _grouped_reducescatter_with_grad([c], as_reduce_op(op), prescale_factor,
                                            postscale_factor, name, process_set)[0]
     return compression.decompress(out, ctx)
 
@@ -574,7 +575,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     if not tensors:
         return []
     pairs = [compression.compress(t) for t in tensors]
-    outs = _grouped_reducescatter_with_grad([p[0] for p in pairs], ReduceOp(op),
+    outs = _grouped_reducescatter_with_grad([p[0] for p in pairs], as_reduce_op(op),
                                             prescale_factor, postscale_factor, name,
                                             process_set)
     return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]

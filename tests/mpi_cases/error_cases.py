@@ -22,6 +22,7 @@ def _cases(rank: int, size: int) -> Dict[str, Callable[[], Any]]:
         "unsupported_dtype_allgather": lambda: hvd.allgather(np.array(["a", "b"])),
         "bool_average": lambda: hvd.allreduce(np.ones(2, bool), op=hvd.Average),
         "unknown_op": lambda: hvd.allreduce(np.ones(2), op=17),
+        "adasum": lambda: hvd.reducescatter(np.ones(2 * size), op=hvd.Adasum),
         "alltoall_bad_splits": lambda: hvd.alltoall(np.ones((size + 1, 2)), splits=[1] * size),
         "alltoall_indivisible": lambda: hvd.alltoall(np.ones((size + 1, 2))),
         "allgather_trailing_shape": lambda: hvd.allgather(np.ones((2, 2 + rank))),

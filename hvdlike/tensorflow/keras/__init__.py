@@ -1,7 +1,7 @@
 """hvdlike for Keras on TensorFlow (like ``horovod.tensorflow.keras``): re-exports only."""
 from hvdlike.tensorflow import (  # noqa: F401
     init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
-    cross_size, ReduceOp, Average, Sum, Min, Max, Product, ProcessSet, global_process_set,
+    cross_size, ReduceOp, Average, Sum, Min, Max, Product, Adasum, ProcessSet, global_process_set,
     add_process_set, remove_process_set, CollectiveMismatchError, NotInitializedError,
     Compression, allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast,
     alltoall, reducescatter, grouped_reducescatter, join, barrier, DistributedOptimizer,

@@ -329,6 +329,18 @@ def _():
         assert "Average" in str(e), e
     else:
         raise AssertionError("op=Max accepted")
+    try:
+        hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum)
+    except ValueError as e:
+        assert "Adasum (Horovod's adaptive summation) is not supported" in str(e), e
+    else:
+        raise AssertionError("op=Adasum accepted")
+    try:
+        hvd.allreduce(tf.ones([2]), op=hvd.Adasum)
+    except ValueError as e:
+        assert "Adasum (Horovod's adaptive summation) is not supported" in str(e), e
+    else:
+        raise AssertionError("allreduce with op=Adasum accepted")
 
 
 @check("embedding_indexed_slices_gradients_match_reference")
