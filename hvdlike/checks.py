@@ -74,10 +74,11 @@ def resolve(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]],
             "first dimension may differ in allgather and alltoall).")
     joined = [r for r, a in zip(ranks, answers) if a is None]
     if joined and (request.kind not in _JOIN_COMPATIBLE
-                   or request.op not in (ReduceOp.SUM, ReduceOp.AVERAGE)):
+                   or request.op not in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.ADASUM)):
         raise ValueError(
             f"{what}: ranks {joined} have already called hvdlike.join(); until every rank has "
-            "joined, only allreduce and grouped_allreduce with op Sum or Average may be called "
+            "joined, only allreduce and grouped_allreduce with op Sum, Average or Adasum may be "
+            "called "
             f"(got {request.kind} with op {request.op}).")
     return request
 

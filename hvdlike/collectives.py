@@ -17,7 +17,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import checks, dtypes, gpu, runtime
+from . import adasum, checks, dtypes, gpu, runtime
 from .checks import Request
 from .handles import Handle
 from .process_sets import ProcessSet, global_process_set
@@ -108,6 +108,14 @@ def _reduce_error_for(dtype: np.dtype, op: ReduceOp) -> Optional[checks.LocalErr
     return ("TypeError", msg) if msg else None
 
 
+def _adasum_error(process_set: ProcessSet, given: _Inputs) -> Optional[checks.LocalError]:
+    why = adasum.power_of_two_error(process_set.size())
+    if not why and given.restore is not None:
+        why = ("Adasum on GPU arrays is not supported; pass host (NumPy) arrays, or reduce "
+               "with hvdlike.Average")
+    return ("ValueError", why) if why else None
+
+
 def _first(errors: Any) -> Optional[checks.LocalError]:
     return next((e for e in errors if e), None)
 
@@ -129,6 +137,8 @@ def _allreduce(xs: Sequence[Any], op: Any, prescale_factor: float, postscale_fac
         a = arrays[0]
         request = Request("allreduce", name, a.dtype, a.shape, int(op), None, scale)
         error = _reduce_error_for(a.dtype, op)
+    if op == ReduceOp.ADASUM:
+        error = error or _adasum_error(process_set, given)
     return _submit(process_set, request, error, arrays, blocking, given)
 
 
@@ -142,6 +152,8 @@ def allreduce(x: Any, op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
     rank gets back a new array: op over all ranks of (x * prescale_factor), times
     postscale_factor. Average divides the sum by the set size (integers: truncated toward zero,
     dtype kept). float16/bfloat16 are reduced in float32. bool: Sum/Max = or, Min/Product = and.
+    Adasum (floats, host arrays, a set of 2^k ranks) combines the ranks' arrays pairwise as
+    Horovod's adaptive summation does (``hvdlike.adasum``).
     """
     return _allreduce([x], op, prescale_factor, postscale_factor, name, process_set, False,
                       True)
@@ -320,6 +332,9 @@ def _scatter_error(a: np.ndarray, op: ReduceOp) -> Optional[checks.LocalError]:
     if a.ndim == 0:
         return ("ValueError", "reducescatter needs an array with at least one dimension, got a "
                               "scalar")
+    if op == ReduceOp.ADASUM:
+        return ("ValueError", "Adasum is an all-reduce: reducescatter does not support it; use "
+                              "hvdlike.Sum or hvdlike.Average")
     return _reduce_error_for(a.dtype, op)
 
 
@@ -413,9 +428,9 @@ def join() -> int:
     """Declare that this rank has no more data (uneven inputs). Global process set only.
 
     Until every rank has joined, this rank takes part in the other ranks' allreduce and
-    grouped_allreduce requests (Sum or Average only) with zeros; Average still divides by the
-    full size. Returns, on every rank, the rank that joined last (the highest if several
-    joined in the same round).
+    grouped_allreduce requests (Sum, Average or Adasum only) with zeros; Average still divides
+    by the full size, and Adasum leaves zeros out. Returns, on every rank, the rank that
+    joined last (the highest if several joined in the same round).
     """
     st = runtime.state("hvdlike.join()")
     return st.engine.submit(Request("join", "hvdlike.join", None, None), None, None,

@@ -49,6 +49,9 @@ def reduce_op_error(dtype: np.dtype, op: ReduceOp) -> Optional[str]:
     if dtype.kind == "b" and op == ReduceOp.AVERAGE:
         return ("Average is not defined for bool; use hvdlike.Sum or hvdlike.Max (logical or) "
                 "or hvdlike.Min (logical and), or cast to a number first")
+    if op == ReduceOp.ADASUM and dtype.kind != "f" and dtype not in HALF:
+        return (f"Adasum combines floating-point gradients; got {dtype}: cast to a float dtype "
+                "or reduce with hvdlike.Sum or hvdlike.Average")
     return None
 
 

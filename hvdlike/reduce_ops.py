@@ -1,15 +1,17 @@
-"""Reduction operations accepted by allreduce and reducescatter."""
+"""Reduction operations accepted by allreduce and reducescatter (Adasum: all-reduces only)."""
 import enum
 
 
 class ReduceOp(enum.IntEnum):
-    """How values from all ranks are combined. ``Average`` is a sum divided by the set size."""
+    """How values from all ranks are combined. ``Average`` is a sum divided by the set size;
+    ``Adasum`` is Horovod's adaptive summation of floating-point gradients (hvdlike.adasum)."""
 
     AVERAGE = 0
     SUM = 1
     MIN = 2
     MAX = 3
     PRODUCT = 4
+    ADASUM = 5
 
 
 Average = ReduceOp.AVERAGE
@@ -17,30 +19,13 @@ Sum = ReduceOp.SUM
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
-
-
-class _Refused:
-    """A Horovod reduction hvdlike does not have: its name exists so that a ported script
-    reaches the call, which then says so."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"hvdlike.{self.name} (not supported: a collective given it raises ValueError)"
-
-
-Adasum = _Refused("Adasum")
+Adasum = ReduceOp.ADASUM
 
 
 def as_reduce_op(op: object) -> ReduceOp:
     """Return ``op`` as a ReduceOp, or raise ValueError naming the accepted values."""
     if type(op) is ReduceOp:
         return op
-    if op is Adasum:
-        raise ValueError("hvdlike.Adasum (Horovod's adaptive summation) is not supported; "
-                         "reduce with hvdlike.Average (the default) or hvdlike.Sum instead, "
-                         "and scale the learning rate as for Average")
     try:
         return ReduceOp(op)
     except ValueError:

@@ -65,3 +65,27 @@ def alltoall(inputs: Sequence[np.ndarray], splits: Sequence[Sequence[int]], rank
         start = sum(splits[s][:rank])
         parts.append(x[start:start + splits[s][rank]])
     return np.concatenate(parts)
+
+
+def adasum(arrays: Sequence[np.ndarray], prescale: float = 1.0,
+           postscale: float = 1.0) -> np.ndarray:
+    """What every rank should get from allreduce(op=Adasum) of ``arrays`` (one per rank, 2^k
+    of them): neighbours combined pairwise, then those results pairwise, ..., in float64.
+    16-bit floats are rounded to their dtype after the prescale and before the postscale."""
+    dtype = arrays[0].dtype
+    half = dtype.itemsize == 2
+    level = []
+    for a in arrays:
+        v = a.astype(np.float64).reshape(-1) * prescale
+        level.append(v.astype(dtype).astype(np.float64) if half else v)
+    while len(level) > 1:
+        level = [_adasum_pair(a, b) for a, b in zip(level[0::2], level[1::2])]
+    (r,) = level
+    if postscale != 1.0:
+        r = (r.astype(dtype).astype(np.float64) if half else r) * postscale
+    return r.astype(dtype).reshape(arrays[0].shape)
+
+
+def _adasum_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    ab, aa, bb = float(a @ b), float(a @ a), float(b @ b)
+    return (1 - ab / (2 * aa) if aa else 1.0) * a + (1 - ab / (2 * bb) if bb else 1.0) * b

@@ -11,7 +11,7 @@ def test_each_request_has_its_phases_and_bucket(tmp_path):
                       env={"HVDLIKE_TIMELINE": path, "HVDLIKE_SHM_THRESHOLD": "100000"},
                       path=path, delay=delay)
     for rank, rows in enumerate(results):
-        assert sorted(rows) == ["g0", "g1", "g2", "gather", "grp", "late"], rows
+        assert sorted(rows) == ["ada", "g0", "g1", "g2", "gather", "grp", "late"], rows
         for name, events in rows.items():
             assert [e[0] for e in events[:2]] == list(PHASES), (rank, name, events)
         # the three async all-reduces went in one fused bucket through the MPI buffer
@@ -24,6 +24,7 @@ def test_each_request_has_its_phases_and_bucket(tmp_path):
             assert "MEMCPY_IN_FUSION_BUFFER" in kinds and "MEMCPY_OUT_FUSION_BUFFER" in kinds
         assert "SHM_ALLREDUCE" in [e[0] for e in rows["grp"]]
         assert "MPI_ALLGATHER" in [e[0] for e in rows["gather"]]
+        assert "ADASUM" in [e[0] for e in rows["ada"]]
     # the early rank waited for the late one, and its timeline says so
     waited = [e for e in results[0]["late"] if e[0] == "WAIT_FOR_RANKS"]
     assert waited and waited[0][1] >= 0.8 * delay * 1e6, results[0]["late"]

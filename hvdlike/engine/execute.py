@@ -9,7 +9,8 @@ nodes, the same size of bucket goes hierarchically (shared memory inside each no
 them) with HVDLIKE_HIERARCHICAL_ALLREDUCE=1, or where it measured faster with ``auto``
 (``choice.py``). Otherwise a bucket goes through ``MPI_Allreduce`` (one tensor: from its memory
 into the result; several: packed into a reused fusion buffer); a set of one rank copies each
-tensor into its result. The other collectives run one response at a time.
+tensor into its result. An Adasum bucket is packed and combined by ``hvdlike.adasum`` over MPI
+point to point. The other collectives run one response at a time.
 """
 import functools
 import math
@@ -20,7 +21,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 import numpy as np
 
-from .. import dtypes, fusion
+from .. import adasum, dtypes, fusion
 from ..buffers import ResultCache
 from ..checks import Request
 from ..reduce_ops import ReduceOp
@@ -199,6 +200,8 @@ def _plan(dtype: np.dtype, op_value: int, scale: Tuple[float, float], n: int) ->
 def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
                       phases: Phases = None, empty: Empty = results.empty) -> List[np.ndarray]:
     """All-reduce arrays sharing op, factors and reduction dtype; returns new arrays."""
+    if request.op == ReduceOp.ADASUM:
+        return _adasum_bucket(st, request, ps, arrays, phases, empty)
     dtype = arrays[0].dtype
     work, wire, as_is, scale = _plan(dtype, request.op, request.scale, ps.size())
     if (as_is and len(arrays) == 1 and phases is None and dtype.kind != "b"
@@ -269,6 +272,31 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
     out = [_result(r, a.dtype, empty) for r, a in zip(recvs, arrays)]
     if work != dtype and dtype.kind != "b":
         clock.done("CAST_OUT")
+    return out
+
+
+def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
+                   phases: Phases, empty: Empty) -> List[np.ndarray]:
+    """Adasum of float arrays of one dtype: packed (prescaled) into one flat buffer in the
+    reduction dtype, combined tensor by tensor over the set's ranks through MPI point to
+    point (``hvdlike.adasum``), postscaled, unpacked into new arrays."""
+    clock = _Clock(phases)
+    dtype = arrays[0].dtype
+    work = dtypes.reduce_dtype(dtype)
+    segments, offset = [], 0
+    for a in arrays:
+        segments.append((offset, a.size))
+        offset += a.size
+    buf = np.empty(offset, work)
+    fusion.pack(arrays, buf, request.scale[0])
+    clock.done("MEMCPY_IN_FUSION_BUFFER")
+    adasum.allreduce(ps._comm, st.transport.sendrecv, buf, segments)
+    scale = _scaler(ReduceOp.ADASUM, request.scale[1], ps.size(), _half(dtype, work))
+    if scale is not None:
+        scale(buf)
+    clock.done("ADASUM")
+    out = fusion.unpack(buf, [a.shape for a in arrays], [dtype] * len(arrays), empty)
+    clock.done("MEMCPY_OUT_FUSION_BUFFER")
     return out
 
 

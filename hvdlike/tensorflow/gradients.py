@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import runtime as _runtime
-from hvdlike import Average, Sum
+from hvdlike import Adasum, Average, Sum
 from hvdlike.reduce_ops import as_reduce_op
 
 from hvdlike.tensorflow import ops as _ops
@@ -92,9 +92,10 @@ def _variable_labels(variables: Optional[List[Any]], n: int) -> Optional[List[st
 class GradientReducer:
     """Holds the reduction settings of a tape or optimizer and applies them.
 
-    ``op``: Average or Sum.  ``gradient_predivide_factor`` f: with op=Average the
-    gradients are scaled by 1/f before the sum and by f/size after it (Horovod's
-    semantics); the result is still the average.  ``num_groups`` splits the gradient
+    ``op``: Average, Sum or Adasum (Horovod's adaptive summation, applied to the gradients
+    as Horovod's Keras optimizer does; needs 2^k ranks).  ``gradient_predivide_factor`` f:
+    with op=Average the gradients are scaled by 1/f before the sum and by f/size after it
+    (Horovod's semantics); the result is still the average.  ``num_groups`` splits the gradient
     list into that many fused reductions; ``groups`` is an explicit partition (a list of
     lists of variables).  ``scale_local_gradients``: kept for Horovod compatibility.
     """
@@ -104,9 +105,9 @@ class GradientReducer:
                  process_set=_core.global_process_set, name=None, owner="DistributedOptimizer",
                  scale_local_gradients=True):
         op = as_reduce_op(op)
-        if op not in (Average, Sum):
-            raise ValueError(f"hvdlike.tensorflow.{owner}: op must be hvdlike.Average or "
-                             f"hvdlike.Sum for gradients (got {op.name}).")
+        if op not in (Average, Sum, Adasum):
+            raise ValueError(f"hvdlike.tensorflow.{owner}: op must be hvdlike.Average, "
+                             f"hvdlike.Sum or hvdlike.Adasum for gradients (got {op.name}).")
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError(f"hvdlike.tensorflow.{owner}: gradient_predivide_factor is only "
                              "supported with op=Average.")

@@ -278,7 +278,7 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     """Reduce ``tensor`` across the ranks of ``process_set``.
 
     Every rank passes a tensor of the same dtype and shape and the same ``op``
-    (Average by default, or Sum/Min/Max/Product); every rank gets back the reduced
+    (Average by default, or Sum/Min/Max/Product/Adasum); every rank gets back the reduced
     tensor (same dtype and static shape).  ``tf.IndexedSlices`` are reduced by
     allgathering values and indices (Average divides the values by the number of
     ranks) unless ``sparse_as_dense=True``.  Works eagerly and inside ``tf.function``;

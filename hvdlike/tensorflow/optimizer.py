@@ -197,8 +197,10 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     Every rank wraps an optimizer of the same class and config with the same settings.
     Returns a new optimizer (subclass of ``type(optimizer)``, same config); the
     original is not modified.  Gradients of one step go through one fused allreduce
-    (``num_groups`` > 1 or ``groups`` split it into several).  ``op``: Average (default)
-    or Sum.  ``compression``: Compression.none / fp16 / bf16 on the wire.
+    (``num_groups`` > 1 or ``groups`` split it into several).  ``op``: Average (default),
+    Sum or Adasum (the gradients combined by Horovod's adaptive summation; 2^k ranks, and
+    the learning rate is not scaled by the number of ranks).  ``compression``:
+    Compression.none / fp16 / bf16 on the wire.
     ``backward_passes_per_step`` k: gradients are summed locally for k calls, then
     reduced once and applied (divided by k first if ``average_aggregated_gradients``);
     ``optimizer.iterations`` counts applied updates.  Mixed precision: a

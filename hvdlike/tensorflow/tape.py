@@ -46,7 +46,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     Every rank must call ``gradient`` for the same sources.  All dense gradients of one
     call are reduced in one fused allreduce (``num_groups``/``groups`` split it);
     ``None`` gradients stay ``None`` (they must be ``None`` on every rank).
-    ``op``: Average (default) or Sum.  See :class:`GradientReducer` for the rest.
+    ``op``: Average (default), Sum or Adasum.  See :class:`GradientReducer` for the rest.
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError("hvdlike.tensorflow.DistributedGradientTape expects a "

@@ -158,6 +158,15 @@ def alltoallv(comm: MPI.Comm, send: np.ndarray, send_counts: np.ndarray, recv: n
                    [recv, (recv_counts, rdispls), MPI.BYTE])
 
 
+def sendrecv(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, peer: int) -> None:
+    """Send ``send`` to ``peer`` and receive its buffer of the same size into ``recv``."""
+    send_bytes, recv_bytes = as_bytes(send), as_bytes(recv)
+    for at in _pieces(send_bytes.size):
+        piece = slice(at, at + MAX_COUNT)
+        comm.Sendrecv([send_bytes[piece], MPI.BYTE], peer, 8,
+                      [recv_bytes[piece], MPI.BYTE], peer, 8)
+
+
 def reduce_scatter(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: np.ndarray,
                    op: ReduceOp) -> None:
     """Reduce ``send`` over ranks; rank r receives the r-th block of ``counts[r]`` elements."""

@@ -1,7 +1,8 @@
 """Random mixes of collectives through the engine, the same mix on every rank (one seed) and
 each rank submitting it in its own order from several threads: async calls of every kind on
-the world and on overlapping process sets, waited for in yet another order, with blocking
-calls in between. Every result is checked on every rank against NumPy."""
+the world and on overlapping process sets (Adasum among the float all-reduces on sets of 2^k
+ranks), waited for in yet another order, with blocking calls in between. Every result is
+checked on every rank against NumPy."""
 import random
 import threading
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
@@ -36,6 +37,7 @@ def plan(seed: int, size: int, count: int, faults: bool = False) -> List[Op]:
     """The mix, the same on every rank, on the process sets of ``set_ranks``; with
     ``faults``, about one op in ten has a member that passes another dtype."""
     rng = random.Random(seed)
+    adasum = random.Random(f"adasum {seed}")  # its own draws: the rest of the mix stays as is
     sets = set_ranks(size)
     ops = []
     for i in range(count):
@@ -52,6 +54,10 @@ def plan(seed: int, size: int, count: int, faults: bool = False) -> List[Op]:
         bad = -1
         if faults and len(sets[s]) > 1 and rng.random() < 0.1:
             bad = rng.randrange(len(sets[s]))
+        n = len(sets[s])
+        if (adasum.random() < 0.3 and kind.endswith("allreduce") and dtype[0] == "f"
+                and n & (n - 1) == 0 and bad < 0):
+            op = "Adasum"
         ops.append(Op(i, kind, f"mix.{i}", sets[s], s, dtype, sizes, op,
                       rng.randrange(len(sets[s])), scale, bad))
     return ops
@@ -82,7 +88,8 @@ def _expected(op: Op, rank: int) -> Any:
     me = op.members.index(rank)
     alls = [[_input(op, r, t) for r in op.members] for t in range(len(op.sizes))]
     if op.kind in ("allreduce", "grouped_allreduce"):
-        out = [reference.reduce(arrays, op.op, *op.scale) for arrays in alls]
+        out = [reference.adasum(arrays, *op.scale) if op.op == "Adasum"
+               else reference.reduce(arrays, op.op, *op.scale) for arrays in alls]
         return out[0] if op.kind == "allreduce" else out
     if op.kind == "allgather":
         return np.concatenate(alls[0])
@@ -127,10 +134,18 @@ def _submit(op: Op, rank: int, process_sets: List[Any]) -> Any:
     return hvd.reducescatter_async(xs[0], op=reduce_op, name=op.name, process_set=ps)
 
 
-def _same(got: Any, want: Any) -> bool:
+def _same(got: Any, want: Any, close: bool = False) -> bool:
+    """Equal (``close``: within the dtype's rounding, for Adasum's dot products)."""
     if isinstance(want, list):
-        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want))
-    return got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+        return len(got) == len(want) and all(_same(g, w, close) for g, w in zip(got, want))
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return False
+    if not close:
+        return np.array_equal(got, want)
+    tol = {8: 1e-12, 4: 1e-5}.get(want.dtype.itemsize, 1e-2)
+    w = want.astype(np.float64)
+    return np.allclose(got.astype(np.float64), w, rtol=tol,
+                       atol=tol * max(1.0, float(np.abs(w).max(initial=0.0))))
 
 
 def run(seed: int, count: int = 60, threads: int = 3, faults: bool = False) -> Dict[str, Any]:
@@ -192,7 +207,7 @@ def run(seed: int, count: int = 60, threads: int = 3, faults: bool = False) -> D
             continue
         if op.bad >= 0:
             errors.append(f"{op}: no error, got {got!r}")
-        elif not _same(got, _expected(op, rank)):
+        elif not _same(got, _expected(op, rank), op.op == "Adasum"):
             errors.append(f"{op}: got {got!r}, want {_expected(op, rank)!r}")
         checked += 1
     for b, got in enumerate(blocking_got):

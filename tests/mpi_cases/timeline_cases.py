@@ -26,8 +26,9 @@ def _rows(events: List[Dict[str, Any]]) -> Dict[str, List[str]]:
 
 def phases(path: str, delay: float) -> Dict[str, Any]:
     """Under HVDLIKE_TIMELINE: a fused bucket of async all-reduces, a grouped all-reduce big
-    enough for shared memory, an allgather, and one all-reduce the last rank submits
-    ``delay`` s late. Then ``stop_timeline``; the request after it must not appear."""
+    enough for shared memory, an allgather, an Adasum all-reduce, and one all-reduce the last
+    rank submits ``delay`` s late. Then ``stop_timeline``; the request after it must not
+    appear."""
     rank, size = hvd.rank(), hvd.size()
     handles = [hvd.allreduce_async(np.ones(100 * (i + 1), np.float32), name=f"g{i}")
                for i in range(3)]
@@ -35,6 +36,7 @@ def phases(path: str, delay: float) -> Dict[str, Any]:
         h.synchronize()
     hvd.grouped_allreduce([np.ones(100_000, np.float32), np.ones(7, np.float32)], name="grp")
     hvd.allgather(np.ones((rank + 1, 2)), name="gather")
+    hvd.allreduce(np.ones(5, np.float32), op=hvd.Adasum, name="ada")
     if rank == size - 1:
         time.sleep(delay)
     hvd.allreduce(np.ones(4), name="late")

@@ -4,12 +4,17 @@ Every rank also trains a single-process reference (plain optimizer, global batch
 b * size) on the same data and compares.  Run with any number of ranks (1, 2, 4).
 """
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 from common import check, close, assert_close, hvd, np, tf
 
 from hvdlike.tensorflow import compat
 import hvdlike.keras as hvdk
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the NumPy references
+import reference  # noqa: E402
 
 keras = compat.keras()
 r, n = hvd.rank(), hvd.size()
@@ -329,16 +334,52 @@ def _():
         assert "Average" in str(e), e
     else:
         raise AssertionError("op=Max accepted")
-    adasum = {"DistributedOptimizer": lambda: hvdk.DistributedOptimizer(
-                  keras.optimizers.SGD(0.1), op=hvd.Adasum),
-              "allreduce": lambda: hvd.allreduce(tf.ones([2]), op=hvd.Adasum)}
-    for what, call in adasum.items():
+    refused = {
+        "predivide": (lambda: hvdk.DistributedOptimizer(
+            keras.optimizers.SGD(0.1), op=hvd.Adasum, gradient_predivide_factor=2.0),
+            "only supported with op=Average"),
+        "sparse": (lambda: hvd.allreduce(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]),
+                                                          tf.constant([3, 2])), op=hvd.Adasum),
+                   "sparse_as_dense=True"),
+    }
+    for what, (call, words) in refused.items():
         try:
             call()
         except ValueError as e:
-            assert "Adasum (Horovod's adaptive summation) is not supported" in str(e), e
+            assert words in str(e), e
         else:
-            raise AssertionError(f"{what} with op=Adasum accepted")
+            raise AssertionError(f"op=Adasum with {what} accepted")
+
+
+@check("adasum_gradients_match_the_pairwise_tree_in_tape_optimizer_and_allreduce")
+def _():
+    """op=Adasum: each variable's gradient is combined over the ranks by Horovod's adaptive
+    summation (as Horovod's Keras optimizer does), in the tape, in fit and in allreduce."""
+    x, y = local_rows(1, B), local_rows(1, B, Y)
+    m = make_model()
+
+    def loss_of(model):
+        return tf.reduce_mean(tf.square(model(x, training=True) - y))
+
+    with tf.GradientTape() as tape:
+        loss = loss_of(m)
+    local = [g.numpy() for g in tape.gradient(loss, m.trainable_variables)]
+    everyone = hvd.allgather_object(local)
+    want = [reference.adasum([grads[i] for grads in everyone]) for i in range(len(local))]
+    with tf.GradientTape() as tape:
+        loss = loss_of(m)
+    got = hvd.DistributedGradientTape(tape, op=hvd.Adasum).gradient(loss,
+                                                                    m.trainable_variables)
+    for g, w in zip(got, want):
+        assert_close(g, w, rtol=RTOL, atol=ATOL)
+    assert_close(hvd.allreduce(tf.constant(local[0]), op=hvd.Adasum), want[0], rtol=RTOL,
+                 atol=ATOL)
+    lr = 0.1
+    fitted = fit_distributed(hvdk.DistributedOptimizer(keras.optimizers.SGD(lr),
+                                                       op=hvd.Adasum), steps=1)
+    for w, w0, g in zip(fitted.get_weights(), make_model().get_weights(), want):
+        assert_close(w, w0 - lr * g, rtol=RTOL, atol=ATOL)
+    same_on_every_rank(fitted.get_weights(), "weights")
 
 
 @check("embedding_indexed_slices_gradients_match_reference")

@@ -1,0 +1,142 @@
+"""Adasum (Horovod's adaptive summation): the combination itself, and allreduce(op=Adasum)
+through the engine on 2 and 4 ranks and on process sets, checked on every rank against a
+float64 reference of the pairwise tree."""
+import numpy as np
+import pytest
+
+import reference
+from adasum_cases import CASES, FACTORS, inputs
+from hvdlike import adasum
+from hvdlike.dtypes import BFLOAT16
+from mpi_harness import run_mpi
+
+
+def _tolerance(dtype: np.dtype) -> float:
+    return {8: 1e-12, 4: 1e-5}.get(np.dtype(dtype).itemsize, 1e-2)
+
+
+def _assert_matches(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape)
+    tol = _tolerance(want.dtype)
+    w = want.astype(np.float64)
+    scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
+    np.testing.assert_allclose(got.astype(np.float64), w, rtol=tol, atol=tol * scale,
+                               err_msg=what)
+
+
+# ----------------------------------------------------------------------- the combination
+
+def test_orthogonal_vectors_are_summed_and_parallel_ones_averaged():
+    a = np.array([1.0, 0.0, 0.0])
+    b = np.array([0.0, 2.0, 0.0])
+    assert adasum.coefficients(a, b) == (1.0, 1.0)
+    assert adasum.coefficients(a, 3 * a) == pytest.approx((-0.5, 5 / 6))
+    mine = a.copy()
+    adasum.combine_into(mine, 3 * a, [(0, 3)])
+    np.testing.assert_allclose(mine, 2 * a)  # same direction: the average of 1 and 3
+    mine = a.copy()
+    adasum.combine_into(mine, b, [(0, 3)])
+    np.testing.assert_array_equal(mine, a + b)
+
+
+def test_a_zero_vector_counts_as_nothing():
+    a = np.array([1.5, -2.0], np.float32)
+    mine = np.zeros(2, np.float32)
+    adasum.combine_into(mine, a, [(0, 2)])
+    np.testing.assert_array_equal(mine, a)
+    mine = a.copy()
+    adasum.combine_into(mine, np.zeros(2, np.float32), [(0, 2)])
+    np.testing.assert_array_equal(mine, a)
+
+
+def test_both_partners_compute_the_same_bits_tensor_by_tensor():
+    rng = np.random.default_rng(0)
+    segments = [(0, 1000), (1000, 1), (1001, 0), (1001, 4096)]
+    for dtype in (np.float32, np.float64):
+        a = rng.standard_normal(5097).astype(dtype)
+        b = rng.standard_normal(5097).astype(dtype)
+        lower, upper = a.copy(), b.copy()
+        adasum.combine_into(lower, b, segments)
+        adasum.combine_into(upper, a, segments)
+        np.testing.assert_array_equal(lower, upper)
+        for offset, size in segments:  # each tensor with its own dot products
+            want = reference.adasum([a[offset:offset + size], b[offset:offset + size]])
+            _assert_matches(lower[offset:offset + size], want, f"{dtype} {offset}")
+
+
+@pytest.mark.parametrize("n, ok", [(1, True), (2, True), (3, False), (4, True), (6, False),
+                                   (8, True)])
+def test_only_a_power_of_two_of_ranks_can_reduce_with_adasum(n, ok):
+    why = adasum.power_of_two_error(n)
+    assert (why == "") == ok
+    if not ok:
+        assert f"got {n} ranks" in why and "hvdlike.Average" in why
+
+
+# ----------------------------------------------------------------------- through the engine
+
+@pytest.mark.parametrize("np_, members", [(2, None), (4, None), (4, [1, 3]), (4, [2])],
+                         ids=["np2", "np4", "np4-set-1-3", "np4-set-of-one"])
+def test_allreduce_with_adasum_matches_the_pairwise_tree_on_every_rank(np_, members):
+    results = run_mpi(np_, "adasum_cases:run", timeout=120, members=members)
+    ranks = list(range(np_)) if members is None else members
+    for case in CASES:
+        pre, post = FACTORS.get(case, (1.0, 1.0))
+        given = [inputs(case, r) for r in ranks]
+        want = [reference.adasum([g[t] for g in given], pre, post) for t in range(len(given[0]))]
+        first = results[ranks[0]][case][0]
+        for rank in ranks:
+            for attempt, got in enumerate(results[rank][case]):
+                got = got if case == "grouped" else [got]
+                for t, (g, w) in enumerate(zip(got, want)):
+                    _assert_matches(g, w, f"{case} rank {rank} call {attempt} tensor {t}")
+                    f = first[t] if case == "grouped" else first
+                    assert g.tobytes() == f.tobytes(), f"{case}: rank {rank} differs in bits"
+    for rank in set(range(np_)) - set(ranks):
+        assert results[rank] is None
+
+
+def test_special_cases_give_what_adasum_promises():
+    """Orthogonal contributions are summed, parallel ones averaged, zeros left out."""
+    results = run_mpi(4, "adasum_cases:run", timeout=120)
+    for r in results:
+        orthogonal = sum(inputs("orthogonal", q)[0] for q in range(4))
+        np.testing.assert_allclose(r["orthogonal"][0], orthogonal, rtol=1e-12)
+        parallel = np.mean([inputs("parallel", q)[0] for q in range(4)], axis=0)
+        np.testing.assert_allclose(r["parallel"][0], parallel, rtol=1e-5, atol=1e-6)
+        even = reference.adasum([inputs("zeros_on_odd", q)[0] for q in (0, 2)])
+        np.testing.assert_allclose(r["zeros_on_odd"][0], even, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_a_joined_rank_counts_as_zeros_in_adasum(np_):
+    results = run_mpi(np_, "adasum_cases:joined", timeout=120)
+    want = reference.adasum([np.zeros(257, np.float32)]
+                            + [inputs("float32", r)[0] for r in range(1, np_)])
+    for rank, r in enumerate(results):
+        assert 0 < r["last"] < np_, r  # rank 0 joined first
+        if rank:
+            _assert_matches(r["result"], want, f"rank {rank}")
+    assert len({r["last"] for r in results}) == 1
+
+
+@pytest.mark.parametrize("np_, members", [(2, None), (3, None), (4, [0, 1, 2])],
+                         ids=["np2", "np3", "np4-set-of-three"])
+def test_adasum_where_it_cannot_run_raises_on_every_rank(np_, members):
+    results = run_mpi(np_, "adasum_cases:refused", timeout=120, members=members)
+    ranks = list(range(np_)) if members is None else members
+    three = len(ranks) == 3
+    for rank in ranks:
+        r = results[rank]
+        if three:
+            assert r["allreduce"].startswith("ValueError"), r
+            assert "power of two" in r["allreduce"] and "got 3 ranks" in r["allreduce"], r
+        else:
+            assert r["allreduce"] == "no error", r
+        assert r["int_grouped"].startswith("TypeError"), r
+        assert "Adasum combines floating-point gradients; got int32" in r["int_grouped"], r
+        assert r["reducescatter"].startswith("ValueError"), r
+        assert "reducescatter does not support it" in r["reducescatter"], r
+        assert r["sum_after"] == [float(len(ranks))] * 2
+    for rank in set(range(np_)) - set(ranks):
+        assert results[rank] == {}
