@@ -35,3 +35,16 @@ def test_bench_allreduce_together_mode_reports_its_targets(tmp_path):
     submit = targets["async_submit"]
     assert submit["repeats"] == 30 and 0 < submit["median_s"] <= submit["max_s"]
     assert "allreduce_async returns in <= 50 us while the peers call 20 ms later" in job.output
+
+
+def test_bench_allreduce_times_adasum_beside_sum(tmp_path):
+    out = tmp_path / "adasum"
+    job = run_script(2, "scripts/bench_allreduce.py", "--sizes", "1KiB,1MiB", "--batches", "2",
+                     "--warmup", "0", "--op", "adasum", "--no-plot", "--out", str(out),
+                     timeout=120)
+    assert job.returncode == 0 and not job.timed_out, job.output[-5000:]
+    data = json.loads(out.with_suffix(".json").read_text())
+    for r in data["results"]:
+        assert r["hvdlike"]["adasum"]["time_s"] > 0 and r["hvdlike"]["sum"]["time_s"] > 0
+    assert data["targets"]["op"] == "adasum"
+    assert "Adasum's verdicts are for comparison only" in job.output
