@@ -30,40 +30,48 @@ def power_of_two_error(n: int) -> str:
             f"{n} ranks; run a power of two of ranks, or reduce with hvdlike.Average")
 
 
-def _dot(x: np.ndarray, y: np.ndarray) -> float:
-    return float(np.add.reduce(np.multiply(x, y, dtype=np.float64)))
+_CHUNK = 1 << 15  # elements per pass of the dot products (a float64 scratch stays in cache)
 
 
 def coefficients(a: np.ndarray, b: np.ndarray) -> Tuple[float, float]:
-    """The factors of ``a`` and ``b`` in their Adasum combination (1-D arrays)."""
-    ab, aa, bb = _dot(a, b), _dot(a, a), _dot(b, b)
+    """The factors of ``a`` and ``b`` in their Adasum combination (1-D arrays). The three dot
+    products are float64 sums, chunk by chunk in a fixed order, so swapping a and b swaps the
+    factors bit for bit."""
+    ab = aa = bb = 0.0
+    scratch = np.empty(min(a.size, _CHUNK), np.float64)
+    for start in range(0, a.size, _CHUNK):
+        x, y = a[start:start + _CHUNK], b[start:start + _CHUNK]
+        tmp = scratch[:x.size]
+        ab += float(np.add.reduce(np.multiply(x, y, out=tmp)))
+        aa += float(np.add.reduce(np.multiply(x, x, out=tmp)))
+        bb += float(np.add.reduce(np.multiply(y, y, out=tmp)))
     return (1.0 - ab / (2.0 * aa) if aa > 0.0 else 1.0,
             1.0 - ab / (2.0 * bb) if bb > 0.0 else 1.0)
 
 
 def combine_into(mine: np.ndarray, theirs: np.ndarray, segments: Segments) -> None:
     """Overwrite the flat ``mine`` with the Adasum combination of ``mine`` and ``theirs``,
-    tensor by tensor. The partner, which holds the same two vectors the other way round,
-    computes the same bits: the formula is symmetric, the dot products are the same sums of
-    the same products, and each element is ``fl(ca * a) + fl(cb * b)`` on both sides, whose
-    addition commutes exactly."""
+    tensor by tensor (``theirs`` is scratch: it is overwritten too). The partner, which
+    holds the same two vectors the other way round, computes the same bits: the formula is
+    symmetric, the dot products are the same sums of the same products, and each element is
+    ``fl(ca * a) + fl(cb * b)`` on both sides, whose addition commutes exactly."""
     for offset, size in segments:
         m, t = mine[offset:offset + size], theirs[offset:offset + size]
         own, other = coefficients(m, t)
         m *= m.dtype.type(own)
-        m += t * t.dtype.type(other)
+        t *= t.dtype.type(other)
+        m += t
 
 
-def allreduce(comm: Any, sendrecv: Any, buf: np.ndarray, segments: Segments) -> None:
-    """Replace the flat float buffer ``buf`` by the Adasum of every rank's ``buf``, in place.
-    ``sendrecv(comm, send, recv, peer)`` swaps two equal buffers with ``peer``."""
+def allreduce(comm: Any, sendrecv: Any, buf: np.ndarray, scratch: np.ndarray,
+              segments: Segments) -> None:
+    """Replace the flat float buffer ``buf`` by the Adasum of every rank's ``buf``, in place;
+    ``scratch``: a buffer like it, overwritten. ``sendrecv(comm, send, recv, peer)`` swaps two
+    equal buffers with ``peer``."""
     rank, n = comm.Get_rank(), comm.Get_size()
-    if n == 1:
-        return
-    theirs = np.empty_like(buf)
     distance = 1
     while distance < n:
         peer = rank ^ distance
-        sendrecv(comm, buf, theirs, peer)
-        combine_into(buf, theirs, segments)
+        sendrecv(comm, buf, scratch, peer)
+        combine_into(buf, scratch, segments)
         distance *= 2

@@ -35,14 +35,14 @@ def test_orthogonal_vectors_are_summed_and_parallel_ones_averaged():
     adasum.combine_into(mine, 3 * a, [(0, 3)])
     np.testing.assert_allclose(mine, 2 * a)  # same direction: the average of 1 and 3
     mine = a.copy()
-    adasum.combine_into(mine, b, [(0, 3)])
+    adasum.combine_into(mine, b.copy(), [(0, 3)])
     np.testing.assert_array_equal(mine, a + b)
 
 
 def test_a_zero_vector_counts_as_nothing():
     a = np.array([1.5, -2.0], np.float32)
     mine = np.zeros(2, np.float32)
-    adasum.combine_into(mine, a, [(0, 2)])
+    adasum.combine_into(mine, a.copy(), [(0, 2)])
     np.testing.assert_array_equal(mine, a)
     mine = a.copy()
     adasum.combine_into(mine, np.zeros(2, np.float32), [(0, 2)])
@@ -51,13 +51,15 @@ def test_a_zero_vector_counts_as_nothing():
 
 def test_both_partners_compute_the_same_bits_tensor_by_tensor():
     rng = np.random.default_rng(0)
-    segments = [(0, 1000), (1000, 1), (1001, 0), (1001, 4096)]
+    # the last tensor spans several of the dot products' chunks
+    segments = [(0, 1000), (1000, 1), (1001, 0), (1001, 4096), (5097, 3 * adasum._CHUNK + 5)]
+    total = sum(size for _, size in segments)
     for dtype in (np.float32, np.float64):
-        a = rng.standard_normal(5097).astype(dtype)
-        b = rng.standard_normal(5097).astype(dtype)
+        a = rng.standard_normal(total).astype(dtype)
+        b = rng.standard_normal(total).astype(dtype)
         lower, upper = a.copy(), b.copy()
-        adasum.combine_into(lower, b, segments)
-        adasum.combine_into(upper, a, segments)
+        adasum.combine_into(lower, b.copy(), segments)
+        adasum.combine_into(upper, a.copy(), segments)
         np.testing.assert_array_equal(lower, upper)
         for offset, size in segments:  # each tensor with its own dot products
             want = reference.adasum([a[offset:offset + size], b[offset:offset + size]])

@@ -277,8 +277,8 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
 
 def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
                    phases: Phases, empty: Empty) -> List[np.ndarray]:
-    """Adasum of float arrays of one dtype: packed (prescaled) into one flat buffer in the
-    reduction dtype, combined tensor by tensor over the set's ranks through MPI point to
+    """Adasum of float arrays of one dtype: packed (prescaled) into one reused flat buffer in
+    the reduction dtype, combined tensor by tensor over the set's ranks through MPI point to
     point (``hvdlike.adasum``), postscaled, unpacked into new arrays."""
     clock = _Clock(phases)
     dtype = arrays[0].dtype
@@ -287,15 +287,18 @@ def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
     for a in arrays:
         segments.append((offset, a.size))
         offset += a.size
-    buf = np.empty(offset, work)
+    base, scratch = _pool.acquire(work, offset), _pool.acquire(work, offset)
+    buf = base[:offset]
     fusion.pack(arrays, buf, request.scale[0])
     clock.done("MEMCPY_IN_FUSION_BUFFER")
-    adasum.allreduce(ps._comm, st.transport.sendrecv, buf, segments)
+    adasum.allreduce(ps._comm, st.transport.sendrecv, buf, scratch[:offset], segments)
     scale = _scaler(ReduceOp.ADASUM, request.scale[1], ps.size(), _half(dtype, work))
     if scale is not None:
         scale(buf)
     clock.done("ADASUM")
     out = fusion.unpack(buf, [a.shape for a in arrays], [dtype] * len(arrays), empty)
+    _pool.release(base)
+    _pool.release(scratch)
     clock.done("MEMCPY_OUT_FUSION_BUFFER")
     return out
 
