@@ -8,18 +8,23 @@ products, also inside a grouped call. 2^k ranks combine in a binary tree: ranks 
 first, then those pairs' results pairwise, and so on, as Horovod does; this is why the set
 size must be a power of two.
 
-The tree runs as recursive doubling: at distance d = 1, 2, 4, ... every rank exchanges its
-whole current vector with rank ``r xor d`` (MPI point to point on the set's communicator) and
-both compute the same combination. The dot products are NumPy's pairwise sums of float64
-products, a fixed order of operations, so both partners (and at the end every rank) hold
-bit-identical results. Each rank sends log2(size) times its bytes: fine on a few nodes, not
-bandwidth-optimal (Horovod halves the vectors at each level).
+It runs as Horovod's does, by vector halving and distance doubling (MPI point to point on the
+set's communicator). At distance d = 1, 2, 4, ... a rank and rank ``r xor d`` hold the same
+piece of the two vectors to combine; the lower rank keeps the first half of the piece, the
+other the second, and they swap the halves they give up. The dot products over the whole
+vectors are the sums of every rank's partial products over the pieces it keeps, summed by
+recursive doubling within the group of 2d ranks (float addition commutes, so every member gets
+the same bits); then each rank combines its half. The pieces are gathered back by the same
+exchanges in reverse. Each element of the result is computed by one rank only, so every rank
+gets the same bits. A rank sends about twice its bytes in all, and computes on a shrinking
+piece.
 """
-from typing import Any, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
 Segments = Sequence[Tuple[int, int]]  # (offset, size) of each tensor in a flat buffer
+_CHUNK = 1 << 15  # elements per pass of the dot products (a float64 scratch stays in cache)
 
 
 def power_of_two_error(n: int) -> str:
@@ -30,13 +35,9 @@ def power_of_two_error(n: int) -> str:
             f"{n} ranks; run a power of two of ranks, or reduce with hvdlike.Average")
 
 
-_CHUNK = 1 << 15  # elements per pass of the dot products (a float64 scratch stays in cache)
-
-
-def coefficients(a: np.ndarray, b: np.ndarray) -> Tuple[float, float]:
-    """The factors of ``a`` and ``b`` in their Adasum combination (1-D arrays). The three dot
-    products are float64 sums, chunk by chunk in a fixed order, so swapping a and b swaps the
-    factors bit for bit."""
+def dots(a: np.ndarray, b: np.ndarray) -> Tuple[float, float, float]:
+    """(a·b, a·a, b·b) of 1-D arrays: products in their dtype, summed in float64 chunk by
+    chunk in a fixed order."""
     ab = aa = bb = 0.0
     scratch = np.empty(min(a.size, _CHUNK), np.float64)
     for start in range(0, a.size, _CHUNK):
@@ -45,33 +46,81 @@ def coefficients(a: np.ndarray, b: np.ndarray) -> Tuple[float, float]:
         ab += float(np.add.reduce(np.multiply(x, y, out=tmp)))
         aa += float(np.add.reduce(np.multiply(x, x, out=tmp)))
         bb += float(np.add.reduce(np.multiply(y, y, out=tmp)))
+    return ab, aa, bb
+
+
+def factors(ab: float, aa: float, bb: float) -> Tuple[float, float]:
+    """The factors of a and b in their Adasum combination, from their dot products."""
     return (1.0 - ab / (2.0 * aa) if aa > 0.0 else 1.0,
             1.0 - ab / (2.0 * bb) if bb > 0.0 else 1.0)
-
-
-def combine_into(mine: np.ndarray, theirs: np.ndarray, segments: Segments) -> None:
-    """Overwrite the flat ``mine`` with the Adasum combination of ``mine`` and ``theirs``,
-    tensor by tensor (``theirs`` is scratch: it is overwritten too). The partner, which
-    holds the same two vectors the other way round, computes the same bits: the formula is
-    symmetric, the dot products are the same sums of the same products, and each element is
-    ``fl(ca * a) + fl(cb * b)`` on both sides, whose addition commutes exactly."""
-    for offset, size in segments:
-        m, t = mine[offset:offset + size], theirs[offset:offset + size]
-        own, other = coefficients(m, t)
-        m *= m.dtype.type(own)
-        t *= t.dtype.type(other)
-        m += t
 
 
 def allreduce(comm: Any, sendrecv: Any, buf: np.ndarray, scratch: np.ndarray,
               segments: Segments) -> None:
     """Replace the flat float buffer ``buf`` by the Adasum of every rank's ``buf``, in place;
-    ``scratch``: a buffer like it, overwritten. ``sendrecv(comm, send, recv, peer)`` swaps two
-    equal buffers with ``peer``."""
+    ``scratch``: a buffer like it, overwritten. ``sendrecv(comm, send, recv, peer)`` sends
+    ``send`` to ``peer`` and receives ``recv`` (the sizes the peer sends) from it."""
     rank, n = comm.Get_rank(), comm.Get_size()
+    lo, hi = 0, buf.size
+    pieces: List[Tuple[int, int]] = []  # the piece held before each level
     distance = 1
     while distance < n:
-        peer = rank ^ distance
-        sendrecv(comm, buf, scratch, peer)
-        combine_into(buf, scratch, segments)
+        lower = rank & distance == 0
+        mid = lo + (hi - lo) // 2
+        keep, give = ((lo, mid), (mid, hi)) if lower else ((mid, hi), (lo, mid))
+        sendrecv(comm, buf[give[0]:give[1]], scratch[keep[0]:keep[1]], rank ^ distance)
+        parts = _partial_dots(buf, scratch, keep, segments, lower)
+        _combine(buf, scratch, keep, segments, _group_sum(comm, sendrecv, parts, distance),
+                 lower)
+        pieces.append((lo, hi))
+        lo, hi = keep
         distance *= 2
+    while pieces:  # back down: each level's other half comes from the same partner
+        distance //= 2
+        was_lo, was_hi = pieces.pop()
+        other = (hi, was_hi) if lo == was_lo else (was_lo, lo)
+        sendrecv(comm, buf[lo:hi], buf[other[0]:other[1]], rank ^ distance)
+        lo, hi = was_lo, was_hi
+
+
+def _overlaps(keep: Tuple[int, int], segments: Segments) -> List[Tuple[int, int, int]]:
+    """(segment index, start, end) of each segment's part inside ``keep``."""
+    out = []
+    for i, (offset, size) in enumerate(segments):
+        start, end = max(offset, keep[0]), min(offset + size, keep[1])
+        if start < end:
+            out.append((i, start, end))
+    return out
+
+
+def _partial_dots(buf: np.ndarray, scratch: np.ndarray, keep: Tuple[int, int],
+                  segments: Segments, lower: bool) -> np.ndarray:
+    """Per segment, (low·high, low·low, high·high) over this rank's kept piece, where low is
+    the vector of the lower half of the group."""
+    parts = np.zeros((len(segments), 3))
+    for i, start, end in _overlaps(keep, segments):
+        mine, theirs = buf[start:end], scratch[start:end]
+        ab, mm, tt = dots(mine, theirs)
+        parts[i] = (ab, mm, tt) if lower else (ab, tt, mm)
+    return parts
+
+
+def _group_sum(comm: Any, sendrecv: Any, parts: np.ndarray, distance: int) -> np.ndarray:
+    """The sum of ``parts`` over the 2 * distance ranks of this rank's group."""
+    other = np.empty_like(parts)
+    step = 1
+    while step <= distance:
+        sendrecv(comm, parts, other, comm.Get_rank() ^ step)
+        parts = parts + other
+        step *= 2
+    return parts
+
+
+def _combine(buf: np.ndarray, scratch: np.ndarray, keep: Tuple[int, int], segments: Segments,
+             sums: np.ndarray, lower: bool) -> None:
+    for i, start, end in _overlaps(keep, segments):
+        low, high = factors(*sums[i])
+        mine, theirs = buf[start:end], scratch[start:end]
+        mine *= mine.dtype.type(low if lower else high)
+        theirs *= theirs.dtype.type(high if lower else low)
+        mine += theirs

@@ -26,44 +26,40 @@ def _assert_matches(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 # ----------------------------------------------------------------------- the combination
 
+def _pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    low, high = adasum.factors(*adasum.dots(a, b))
+    return low * a + high * b
+
+
 def test_orthogonal_vectors_are_summed_and_parallel_ones_averaged():
     a = np.array([1.0, 0.0, 0.0])
     b = np.array([0.0, 2.0, 0.0])
-    assert adasum.coefficients(a, b) == (1.0, 1.0)
-    assert adasum.coefficients(a, 3 * a) == pytest.approx((-0.5, 5 / 6))
-    mine = a.copy()
-    adasum.combine_into(mine, 3 * a, [(0, 3)])
-    np.testing.assert_allclose(mine, 2 * a)  # same direction: the average of 1 and 3
-    mine = a.copy()
-    adasum.combine_into(mine, b.copy(), [(0, 3)])
-    np.testing.assert_array_equal(mine, a + b)
+    assert adasum.factors(*adasum.dots(a, b)) == (1.0, 1.0)
+    np.testing.assert_array_equal(_pair(a, b), a + b)
+    assert adasum.factors(*adasum.dots(a, 3 * a)) == pytest.approx((-0.5, 5 / 6))
+    np.testing.assert_allclose(_pair(a, 3 * a), 2 * a)  # same direction: the average of 1 and 3
 
 
 def test_a_zero_vector_counts_as_nothing():
     a = np.array([1.5, -2.0], np.float32)
-    mine = np.zeros(2, np.float32)
-    adasum.combine_into(mine, a.copy(), [(0, 2)])
-    np.testing.assert_array_equal(mine, a)
-    mine = a.copy()
-    adasum.combine_into(mine, np.zeros(2, np.float32), [(0, 2)])
-    np.testing.assert_array_equal(mine, a)
+    zero = np.zeros(2, np.float32)
+    np.testing.assert_array_equal(_pair(zero, a), a)
+    np.testing.assert_array_equal(_pair(a, zero), a)
 
 
-def test_both_partners_compute_the_same_bits_tensor_by_tensor():
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dot_products_over_many_chunks_are_float64_sums_and_swap_bit_for_bit(dtype):
     rng = np.random.default_rng(0)
-    # the last tensor spans several of the dot products' chunks
-    segments = [(0, 1000), (1000, 1), (1001, 0), (1001, 4096), (5097, 3 * adasum._CHUNK + 5)]
-    total = sum(size for _, size in segments)
-    for dtype in (np.float32, np.float64):
-        a = rng.standard_normal(total).astype(dtype)
-        b = rng.standard_normal(total).astype(dtype)
-        lower, upper = a.copy(), b.copy()
-        adasum.combine_into(lower, b.copy(), segments)
-        adasum.combine_into(upper, a.copy(), segments)
-        np.testing.assert_array_equal(lower, upper)
-        for offset, size in segments:  # each tensor with its own dot products
-            want = reference.adasum([a[offset:offset + size], b[offset:offset + size]])
-            _assert_matches(lower[offset:offset + size], want, f"{dtype} {offset}")
+    size = 3 * adasum._CHUNK + 5
+    a = rng.standard_normal(size).astype(dtype)
+    b = rng.standard_normal(size).astype(dtype)
+    ab, aa, bb = adasum.dots(a, b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    tol = 1e-12 if dtype == np.float64 else 1e-6
+    assert ab == pytest.approx(float(a64 @ b64), rel=tol, abs=tol * size)
+    assert aa == pytest.approx(float(a64 @ a64), rel=tol)
+    assert bb == pytest.approx(float(b64 @ b64), rel=tol)
+    assert adasum.dots(b, a) == (ab, bb, aa)  # the same bits, swapped
 
 
 @pytest.mark.parametrize("n, ok", [(1, True), (2, True), (3, False), (4, True), (6, False),

@@ -159,9 +159,10 @@ def alltoallv(comm: MPI.Comm, send: np.ndarray, send_counts: np.ndarray, recv: n
 
 
 def sendrecv(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, peer: int) -> None:
-    """Send ``send`` to ``peer`` and receive its buffer of the same size into ``recv``."""
+    """Send ``send`` to ``peer`` and receive ``recv`` from it (the peer sends that many bytes
+    and receives ``send``'s size; nothing happens when both are empty)."""
     send_bytes, recv_bytes = as_bytes(send), as_bytes(recv)
-    for at in _pieces(send_bytes.size):
+    for at in _pieces(max(send_bytes.size, recv_bytes.size)):
         piece = slice(at, at + MAX_COUNT)
         comm.Sendrecv([send_bytes[piece], MPI.BYTE], peer, 8,
                       [recv_bytes[piece], MPI.BYTE], peer, 8)

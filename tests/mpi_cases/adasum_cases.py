@@ -9,7 +9,7 @@ import hvdlike as hvd
 from hvdlike.dtypes import BFLOAT16
 
 CASES = ["float32", "float64", "float16", "bfloat16", "parallel", "orthogonal", "zeros_on_odd",
-         "scaled", "async", "grouped"]
+         "scaled", "async", "grouped", "one_element", "long"]
 
 
 def inputs(case: str, rank: int) -> List[np.ndarray]:
@@ -30,6 +30,10 @@ def inputs(case: str, rank: int) -> List[np.ndarray]:
             np.float32)]
     if case in ("scaled", "async"):
         return [rng.standard_normal((5, 7)).astype(np.float32)]
+    if case == "one_element":  # most ranks keep empty pieces at np=4
+        return [rng.standard_normal(1).astype(np.float32)]
+    if case == "long":  # each kept piece spans several of the dot products' chunks
+        return [rng.standard_normal(300_001)]
     # grouped: each tensor on its own (own dot products), 2 dtypes, zero- and one-element
     return [rng.standard_normal(300).astype(np.float32), rng.standard_normal((3, 4)),
             np.zeros(0, np.float32), rng.standard_normal(1).astype(np.float32),
