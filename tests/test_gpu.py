@@ -108,6 +108,7 @@ def test_bad_gpu_input_raises_the_same_error_on_every_rank():
         assert res["mixed"].startswith("ValueError") and "all on a GPU" in res["mixed"]
         assert res["device mismatch"].startswith("CollectiveMismatchError")
         assert "device: rank 0 has 'gpu', rank 1 has 'cpu'" in res["device mismatch"]
+        assert res["adasum"].startswith("ValueError") and "Adasum on GPU arrays" in res["adasum"]
         assert res["after"] == [1.0, 1.0]
     assert results[0]["mixed"] == results[1]["mixed"]
 

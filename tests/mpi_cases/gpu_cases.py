@@ -63,12 +63,13 @@ def _error(fn: Any) -> str:
 
 
 def errors() -> Dict[str, str]:
-    """Bad GPU input: mixed host/GPU arrays, GPU on one rank and host on another."""
+    """Bad GPU input: mixed host/GPU arrays, GPU on one rank and host on another, Adasum."""
     hvd.init()
     hvd.pin_gpu()
     out = {"mixed": _error(lambda: hvd.grouped_allreduce([cp.ones(3), np.ones(3)], name="m"))}
     x = cp.ones(3, cp.float32) if hvd.rank() == 0 else np.ones(3, np.float32)
     out["device mismatch"] = _error(lambda: hvd.allreduce(x, name="d"))
+    out["adasum"] = _error(lambda: hvd.allreduce(cp.ones(3), op=hvd.Adasum, name="a"))
     out["after"] = cp.asnumpy(hvd.allreduce(cp.full(2, hvd.rank(), cp.float32), op=hvd.Sum,
                                             name="after")).tolist()
     return out
