@@ -7,7 +7,6 @@ import pytest
 import reference
 from adasum_cases import CASES, FACTORS, inputs
 from hvdlike import adasum
-from hvdlike.dtypes import BFLOAT16
 from mpi_harness import run_mpi
 
 
@@ -92,18 +91,17 @@ def test_allreduce_with_adasum_matches_the_pairwise_tree_on_every_rank(np_, memb
                     assert g.tobytes() == f.tobytes(), f"{case}: rank {rank} differs in bits"
     for rank in set(range(np_)) - set(ranks):
         assert results[rank] is None
-
-
-def test_special_cases_give_what_adasum_promises():
-    """Orthogonal contributions are summed, parallel ones averaged, zeros left out."""
-    results = run_mpi(4, "adasum_cases:run", timeout=120)
-    for r in results:
-        orthogonal = sum(inputs("orthogonal", q)[0] for q in range(4))
-        np.testing.assert_allclose(r["orthogonal"][0], orthogonal, rtol=1e-12)
-        parallel = np.mean([inputs("parallel", q)[0] for q in range(4)], axis=0)
-        np.testing.assert_allclose(r["parallel"][0], parallel, rtol=1e-5, atol=1e-6)
-        even = reference.adasum([inputs("zeros_on_odd", q)[0] for q in (0, 2)])
-        np.testing.assert_allclose(r["zeros_on_odd"][0], even, rtol=1e-5, atol=1e-6)
+    # what Adasum promises: orthogonal contributions summed, parallel ones averaged, zeros
+    # left out
+    got = results[ranks[0]]
+    orthogonal = sum(inputs("orthogonal", q)[0] for q in ranks)
+    np.testing.assert_allclose(got["orthogonal"][0], orthogonal, rtol=1e-12)
+    parallel = np.mean([inputs("parallel", q)[0] for q in ranks], axis=0)
+    np.testing.assert_allclose(got["parallel"][0], parallel, rtol=1e-5, atol=1e-6)
+    nonzero = [inputs("zeros_on_odd", q)[0] for q in ranks if q % 2 == 0]
+    if nonzero:  # one or two arrays here: a tree of their own
+        np.testing.assert_allclose(got["zeros_on_odd"][0], reference.adasum(nonzero), rtol=1e-5,
+                                   atol=1e-6)
 
 
 @pytest.mark.parametrize("np_", [2, 4])
