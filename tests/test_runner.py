@@ -141,6 +141,55 @@ def test_sigterm_to_the_launcher_ends_every_rank(openmpi, restarts):
     assert not any(_alive(pid) for pid in pids), "ranks survived the launcher"
 
 
+# what Open MPI prints when a rank meets an error under MPI_ERRORS_ARE_FATAL
+FATAL_NOTICE = ("[host:1] *** MPI_ERRORS_ARE_FATAL (processes in this communicator will now "
+                "abort,\n[host:1] ***    and MPI will try to terminate your MPI job as well)\n")
+
+
+def test_a_job_that_hangs_after_an_abort_notice_is_ended_after_the_abort_timeout(openmpi):
+    """The rare Open MPI teardown that never ends (docs/reliability.md), as a job whose rank 0
+    prints the notice and whose ranks then go on sleeping: hvdlikerun ends it, every rank."""
+    script = ("import os, sys, time; from mpi4py import MPI; "
+              "os.write(1, f'ready {os.getpid()}\\n'.encode()); MPI.COMM_WORLD.Barrier(); "
+              f"MPI.COMM_WORLD.Get_rank() == 0 and os.write(2, {FATAL_NOTICE.encode()!r}); "
+              "time.sleep(120)")
+    start = time.monotonic()
+    done = run_launcher("-np", "2", "--abort-timeout", "2", sys.executable, "-c", script)
+    took = time.monotonic() - start
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "MPI_ERRORS_ARE_FATAL (processes in this communicator" in done.stderr  # passed on
+    assert "has not ended; ending it now (--abort-timeout)" in done.stderr
+    assert took < 40, took
+    pids = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("ready")]
+    assert len(pids) == 2, done.stdout
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids), "ranks survived the abort timeout"
+
+
+def test_a_job_that_ends_after_an_abort_notice_keeps_its_own_status_and_output(openmpi):
+    """A notice followed by the job's own end (the usual case, and MPI_Abort for real): no
+    intervention, the status and every line as the job gave them."""
+    script = (f"import os; os.write(2, {FATAL_NOTICE.encode()!r}); "
+              "os.write(1, b'x' * 100000 + b'\\n'); from mpi4py import MPI; "
+              "MPI.COMM_WORLD.Barrier(); print('done', flush=True)")
+    done = run_launcher("-np", "2", "--abort-timeout", "1", sys.executable, "-c", script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("x" * 100000 + "\n") == 2 and done.stdout.count("done\n") == 2
+    assert "ending it now" not in done.stderr
+    aborting = "from mpi4py import MPI; MPI.COMM_WORLD.Abort(5)"
+    done = run_launcher("-np", "2", "--abort-timeout", "30", sys.executable, "-c", aborting)
+    assert done.returncode == 5, (done.returncode, done.stderr)
+    assert "MPI_ABORT was invoked" in done.stderr and "ending it now" not in done.stderr
+
+
+def test_a_negative_abort_timeout_is_a_usage_error():
+    done = run_launcher("-np", "2", "--abort-timeout", "-1", "python", "x.py")
+    assert done.returncode == 2
+    assert "--abort-timeout must be 0 or more seconds, got -1" in done.stderr
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

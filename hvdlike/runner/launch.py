@@ -18,9 +18,11 @@ import sys
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import horovod_flags
+from .abort_watch import OutputWatch
 from .mpi_flavor import Flavor, find_mpirun, parse_flavor, version_text
 
 LAUNCHERS = ("auto", "mpirun", "srun")
+ABORT_TIMEOUT = 60.0  # seconds a job may still run after the MPI printed an abort notice
 
 NO_MPIRUN_HELP = (
     "no mpirun or mpiexec found next to {python} or on PATH; "
@@ -284,15 +286,19 @@ def format_command(argv: Sequence[str], env: Mapping[str, str],
 
 
 def run_command(argv: Sequence[str], env: Mapping[str, str],
-                received: Optional[List[int]] = None) -> int:
+                received: Optional[List[int]] = None, abort_grace: float = 0.0) -> int:
     """Run argv and return its exit status (128+N if it died of signal N).
 
     The child stays in our process group, so a terminal's Ctrl-C reaches it exactly as it
     reaches a plain mpirun; SIGINT, SIGTERM and SIGHUP sent to this process alone (a batch
     system, ``timeout``, ``kill``) are forwarded to the child, and added to ``received``.
+    ``abort_grace`` > 0: the child's output passes through an ``OutputWatch``, and a job still
+    running that long after the MPI printed an abort notice is ended (status 1).
     """
     proc: Optional[subprocess.Popen] = None
     pending: List[int] = []
+    watch = OutputWatch() if abort_grace > 0 and hasattr(sys.stdout, "buffer") and hasattr(
+        sys.stderr, "buffer") else None
 
     def forward(signum: int, _frame: object) -> None:
         if received is not None:
@@ -305,14 +311,40 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, forward) for sig in handled}
     try:
-        proc = subprocess.Popen(list(argv), env=dict(env))
+        piped = subprocess.PIPE if watch is not None else None
+        proc = subprocess.Popen(list(argv), env=dict(env), stdout=piped, stderr=piped)
+        if watch is not None:
+            watch.follow(proc.stdout, sys.stdout.buffer)
+            watch.follow(proc.stderr, sys.stderr.buffer)
         for signum in pending:
             proc.send_signal(signum)
-        code = proc.wait()
+        code = proc.wait() if watch is None else _wait_watched(proc, watch, abort_grace)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if watch is not None:
+            watch.finish()
     return 128 - code if code < 0 else code
+
+
+def _wait_watched(proc: subprocess.Popen, watch: OutputWatch, grace: float) -> int:
+    """Wait for ``proc``; end it when an abort notice is more than ``grace`` seconds old."""
+    while True:
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        if watch.overdue(grace):
+            print(f"hvdlikerun: error: the MPI printed an abort notice (above) {grace:g} s ago "
+                  "and the job has not ended; ending it now (--abort-timeout)",
+                  file=sys.stderr, flush=True)
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            return 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -320,7 +352,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="hvdlikerun", allow_abbrev=False,
         usage="hvdlikerun -np N [-H HOSTS | --hostfile FILE] [--mpi-args ARGS] "
               "[--launcher auto|mpirun|srun] [--elastic [--min-np N]] [--restarts K "
-              "[--state-dir DIR]] [--verbose] [--dry-run] program [args ...]",
+              "[--state-dir DIR]] [--abort-timeout S] [--verbose] [--dry-run] program "
+              "[args ...]",
         description="Run a program as N MPI ranks with the mpirun/mpiexec/srun found here.")
     parser.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
                         help="number of ranks (required)")
@@ -348,6 +381,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--restarts", type=int, default=0, metavar="K",
                         help="relaunch a failed job up to K times; it resumes from the state "
                              "committed under --state-dir")
+    parser.add_argument("--abort-timeout", type=float, default=ABORT_TIMEOUT, metavar="S",
+                        help="end the job when it still runs S seconds after the MPI printed "
+                             f"an abort notice (default {ABORT_TIMEOUT:g}; 0: never; off "
+                             "with --elastic)")
     parser.add_argument("--state-dir", metavar="DIR",
                         help="where hvdlike.elastic states commit to and resume from "
                              "(HVDLIKE_STATE_DIR)")
@@ -406,7 +443,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.verbose:
         print(f"hvdlikerun: {line}", file=sys.stderr, flush=True)
-    return _run_with_restarts(cmd, env, args.restarts)
+    if args.abort_timeout < 0:
+        parser.error(f"--abort-timeout must be 0 or more seconds, got {args.abort_timeout:g}")
+    # an elastic job goes on after a rank's error: no notice means the job is ending
+    return _run_with_restarts(cmd, env, args.restarts, 0.0 if elastic else args.abort_timeout)
 
 
 def _fault_tolerance_env(args: argparse.Namespace) -> Dict[str, str]:
@@ -460,7 +500,8 @@ def ulfm_supported(mpirun: Optional[str] = None) -> bool:
     return re.search(r"FT MPI support:\s*yes", text) is not None
 
 
-def _run_with_restarts(cmd: Sequence[str], env: Dict[str, str], restarts: int) -> int:
+def _run_with_restarts(cmd: Sequence[str], env: Dict[str, str], restarts: int,
+                       abort_grace: float = 0.0) -> int:
     """Run the job; while it fails and restarts are left, run it again (``HVDLIKE_RESTART``
     says which run this is). A job interrupted (Ctrl-C, or a signal to hvdlikerun) is not
     restarted."""
@@ -469,7 +510,7 @@ def _run_with_restarts(cmd: Sequence[str], env: Dict[str, str], restarts: int) -
         if restarts:
             env = dict(env, HVDLIKE_RESTART=str(attempt))
         try:
-            code = run_command(cmd, env, received)
+            code = run_command(cmd, env, received, abort_grace)
         except OSError as exc:
             print(f"hvdlikerun: error: cannot start {cmd[0]}: {exc}", file=sys.stderr)
             return 2

@@ -1,0 +1,60 @@
+"""Ending a job that the MPI said it is aborting but that does not end.
+
+Open MPI prints a notice when a rank calls ``MPI_Abort`` (hvdlike does on an uncaught
+exception) or meets an error under ``MPI_ERRORS_ARE_FATAL``, then tears the job down. Rarely
+the teardown never finishes: once, after a rank on another host was killed, the job hung with
+that notice as its last output (docs/reliability.md). ``hvdlikerun`` passes the job's output
+through an ``OutputWatch``; when a notice has appeared and the job is still running after the
+grace period, it ends the job.
+"""
+import os
+import threading
+import time
+from typing import BinaryIO, List, Optional
+
+NOTICES = (b"MPI_ERRORS_ARE_FATAL", b"MPI_ABORT was invoked")
+_TAIL = max(len(n) for n in NOTICES) - 1  # bytes kept so that a notice split in two is seen
+
+
+class OutputWatch:
+    """Copies a child's stdout and stderr to ours, unchanged, and notes when an abort notice
+    went by (``seen_at``, a ``time.monotonic()``)."""
+
+    def __init__(self) -> None:
+        self.seen_at: Optional[float] = None
+        self._threads: List[threading.Thread] = []
+
+    def follow(self, source: BinaryIO, target: BinaryIO) -> None:
+        """Copy ``source`` to ``target`` on a thread of its own until ``source`` ends."""
+        thread = threading.Thread(target=self._copy, args=(source, target), daemon=True,
+                                  name="hvdlikerun-output")
+        thread.start()
+        self._threads.append(thread)
+
+    def _copy(self, source: BinaryIO, target: BinaryIO) -> None:
+        tail, writing = b"", True
+        fd = source.fileno()
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            if writing:
+                try:
+                    target.write(chunk)
+                    target.flush()
+                except (OSError, ValueError):  # our output is gone: keep draining the job's
+                    writing = False
+            seen = tail + chunk
+            if self.seen_at is None and any(n in seen for n in NOTICES):
+                self.seen_at = time.monotonic()
+            tail = seen[-_TAIL:]
+        source.close()
+
+    def overdue(self, grace: float) -> bool:
+        """A notice went by more than ``grace`` seconds ago."""
+        return self.seen_at is not None and time.monotonic() - self.seen_at > grace
+
+    def finish(self, timeout: float = 5.0) -> None:
+        """Wait (a bounded time: orphaned processes may hold the pipes) for the copies."""
+        for thread in self._threads:
+            thread.join(timeout)
