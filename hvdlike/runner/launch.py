@@ -403,6 +403,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     why = horovod_flags.refused(args)
     if why:
         parser.error(why)
+    if args.abort_timeout < 0:
+        parser.error(f"--abort-timeout must be 0 or more seconds, got {args.abort_timeout:g}")
     try:
         settings = horovod_flags.settings_env(args)
         settings.update(_fault_tolerance_env(args))
@@ -443,9 +445,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.verbose:
         print(f"hvdlikerun: {line}", file=sys.stderr, flush=True)
-    if args.abort_timeout < 0:
-        parser.error(f"--abort-timeout must be 0 or more seconds, got {args.abort_timeout:g}")
-    # an elastic job goes on after a rank's error: no notice means the job is ending
+    # under --elastic the survivors go on after a rank's error: a notice does not mean the end
     return _run_with_restarts(cmd, env, args.restarts, 0.0 if elastic else args.abort_timeout)
 
 
