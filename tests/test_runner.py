@@ -153,13 +153,11 @@ def test_a_job_that_hangs_after_an_abort_notice_is_ended_after_the_abort_timeout
               "os.write(1, f'ready {os.getpid()}\\n'.encode()); MPI.COMM_WORLD.Barrier(); "
               f"MPI.COMM_WORLD.Get_rank() == 0 and os.write(2, {FATAL_NOTICE.encode()!r}); "
               "time.sleep(120)")
-    start = time.monotonic()
+    # the ranks sleep 120 s, past run_launcher's timeout: only the watchdog can end the job
     done = run_launcher("-np", "2", "--abort-timeout", "2", sys.executable, "-c", script)
-    took = time.monotonic() - start
     assert done.returncode == 1, (done.returncode, done.stderr)
     assert "MPI_ERRORS_ARE_FATAL (processes in this communicator" in done.stderr  # passed on
     assert "has not ended; ending it now (--abort-timeout)" in done.stderr
-    assert took < 40, took
     pids = [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("ready")]
     assert len(pids) == 2, done.stdout
     deadline = time.monotonic() + 10
