@@ -19,7 +19,7 @@ exchanges in reverse. Each element of the result is computed by one rank only, s
 gets the same bits. A rank sends about twice its bytes in all, and computes on a shrinking
 piece.
 """
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -35,11 +35,13 @@ def power_of_two_error(n: int) -> str:
             f"{n} ranks; run a power of two of ranks, or reduce with hvdlike.Average")
 
 
-def dots(a: np.ndarray, b: np.ndarray) -> Tuple[float, float, float]:
+def dots(a: np.ndarray, b: np.ndarray,
+         scratch: Optional[np.ndarray] = None) -> Tuple[float, float, float]:
     """(a·b, a·a, b·b) of 1-D arrays: products in their dtype, summed in float64 chunk by
-    chunk in a fixed order."""
+    chunk in a fixed order; ``scratch``: float64 room for one chunk, reused across calls."""
     ab = aa = bb = 0.0
-    scratch = np.empty(min(a.size, _CHUNK), np.float64)
+    if scratch is None:
+        scratch = np.empty(min(a.size, _CHUNK), np.float64)
     for start in range(0, a.size, _CHUNK):
         x, y = a[start:start + _CHUNK], b[start:start + _CHUNK]
         tmp = scratch[:x.size]
@@ -63,13 +65,14 @@ def allreduce(comm: Any, sendrecv: Any, buf: np.ndarray, scratch: np.ndarray,
     rank, n = comm.Get_rank(), comm.Get_size()
     lo, hi = 0, buf.size
     pieces: List[Tuple[int, int]] = []  # the piece held before each level
+    chunk = np.empty(_CHUNK, np.float64)  # the dot products' room, for every tensor and level
     distance = 1
     while distance < n:
         lower = rank & distance == 0
         mid = lo + (hi - lo) // 2
         keep, give = ((lo, mid), (mid, hi)) if lower else ((mid, hi), (lo, mid))
         sendrecv(comm, buf[give[0]:give[1]], scratch[keep[0]:keep[1]], rank ^ distance)
-        parts = _partial_dots(buf, scratch, keep, segments, lower)
+        parts = _partial_dots(buf, scratch, keep, segments, lower, chunk)
         _combine(buf, scratch, keep, segments, _group_sum(comm, sendrecv, parts, distance),
                  lower)
         pieces.append((lo, hi))
@@ -94,13 +97,13 @@ def _overlaps(keep: Tuple[int, int], segments: Segments) -> List[Tuple[int, int,
 
 
 def _partial_dots(buf: np.ndarray, scratch: np.ndarray, keep: Tuple[int, int],
-                  segments: Segments, lower: bool) -> np.ndarray:
+                  segments: Segments, lower: bool, chunk: np.ndarray) -> np.ndarray:
     """Per segment, (low·high, low·low, high·high) over this rank's kept piece, where low is
     the vector of the lower half of the group."""
     parts = np.zeros((len(segments), 3))
     for i, start, end in _overlaps(keep, segments):
         mine, theirs = buf[start:end], scratch[start:end]
-        ab, mm, tt = dots(mine, theirs)
+        ab, mm, tt = dots(mine, theirs, chunk)
         parts[i] = (ab, mm, tt) if lower else (ab, tt, mm)
     return parts
 
