@@ -8,16 +8,20 @@ products, also inside a grouped call. 2^k ranks combine in a binary tree: ranks 
 first, then those pairs' results pairwise, and so on, as Horovod does; this is why the set
 size must be a power of two.
 
-It runs as Horovod's does, by vector halving and distance doubling (MPI point to point on the
-set's communicator). At distance d = 1, 2, 4, ... a rank and rank ``r xor d`` hold the same
-piece of the two vectors to combine; the lower rank keeps the first half of the piece, the
-other the second, and they swap the halves they give up. The dot products over the whole
-vectors are the sums of every rank's partial products over the pieces it keeps, summed by
-recursive doubling within the group of 2d ranks (float addition commutes, so every member gets
-the same bits); then each rank combines its half. The pieces are gathered back by the same
-exchanges in reverse. Each element of the result is computed by one rank only, so every rank
-gets the same bits. A rank sends about twice its bytes in all, and computes on a shrinking
-piece.
+A buffer of at most ``WHOLE_BYTES`` goes by distance doubling with whole vectors: at distance
+d = 1, 2, 4, ... a rank and rank ``r xor d`` swap their whole buffers and both combine them, the
+lower rank's as a, so both get the same bits; log2(n) messages, the least latency.
+
+A larger buffer goes as Horovod's does, by vector halving and distance doubling (MPI point
+to point on the set's communicator). At distance d = 1, 2, 4, ... a rank and rank ``r xor d``
+hold the same piece of the two vectors to combine; the lower rank keeps the first half of the
+piece, the other the second, and they swap the halves they give up. The dot products over the
+whole vectors are the sums of every rank's partial products over the pieces it keeps, summed
+by recursive doubling within the group of 2d ranks (float addition commutes, so every member
+gets the same bits); then each rank combines its half. The pieces are gathered back by the
+same exchanges in reverse. Each element of the result is computed by one rank only, so every
+rank gets the same bits. A rank sends about twice its bytes in all, and computes on a
+shrinking piece.
 """
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -25,6 +29,7 @@ import numpy as np
 
 Segments = Sequence[Tuple[int, int]]  # (offset, size) of each tensor in a flat buffer
 _CHUNK = 1 << 15  # elements per pass of the dot products (a float64 scratch stays in cache)
+WHOLE_BYTES = 64 << 10  # buffers up to this size swap whole vectors: fewer messages than halving
 
 
 def power_of_two_error(n: int) -> str:
@@ -62,6 +67,9 @@ def allreduce(comm: Any, sendrecv: Any, buf: np.ndarray, scratch: np.ndarray,
     """Replace the flat float buffer ``buf`` by the Adasum of every rank's ``buf``, in place;
     ``scratch``: a buffer like it, overwritten. ``sendrecv(comm, send, recv, peer)`` sends
     ``send`` to ``peer`` and receives ``recv`` (the sizes the peer sends) from it."""
+    if buf.nbytes <= WHOLE_BYTES:
+        _whole_vectors(comm, sendrecv, buf, scratch, segments)
+        return
     rank, n = comm.Get_rank(), comm.Get_size()
     lo, hi = 0, buf.size
     pieces: List[Tuple[int, int]] = []  # the piece held before each level
@@ -84,6 +92,21 @@ def allreduce(comm: Any, sendrecv: Any, buf: np.ndarray, scratch: np.ndarray,
         other = (hi, was_hi) if lo == was_lo else (was_lo, lo)
         sendrecv(comm, buf[lo:hi], buf[other[0]:other[1]], rank ^ distance)
         lo, hi = was_lo, was_hi
+
+
+def _whole_vectors(comm: Any, sendrecv: Any, buf: np.ndarray, scratch: np.ndarray,
+                   segments: Segments) -> None:
+    """Distance doubling with whole vectors (the module's docstring): one message a level."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    whole = (0, buf.size)
+    chunk = np.empty(max(1, min(_CHUNK, buf.size)), np.float64)
+    distance = 1
+    while distance < n:
+        lower = rank & distance == 0
+        sendrecv(comm, buf, scratch, rank ^ distance)
+        parts = _partial_dots(buf, scratch, whole, segments, lower, chunk)
+        _combine(buf, scratch, whole, segments, parts, lower)
+        distance *= 2
 
 
 def _overlaps(keep: Tuple[int, int], segments: Segments) -> List[Tuple[int, int, int]]:

@@ -84,10 +84,11 @@ def test_allreduce_with_adasum_matches_the_pairwise_tree_on_every_rank(np_, memb
         first = results[ranks[0]][case][0]
         for rank in ranks:
             for attempt, got in enumerate(results[rank][case]):
-                got = got if case == "grouped" else [got]
+                grouped = case.startswith("grouped")
+                got = got if grouped else [got]
                 for t, (g, w) in enumerate(zip(got, want)):
                     _assert_matches(g, w, f"{case} rank {rank} call {attempt} tensor {t}")
-                    f = first[t] if case == "grouped" else first
+                    f = first[t] if grouped else first
                     assert g.tobytes() == f.tobytes(), f"{case}: rank {rank} differs in bits"
     for rank in set(range(np_)) - set(ranks):
         assert results[rank] is None
@@ -136,3 +137,22 @@ def test_adasum_where_it_cannot_run_raises_on_every_rank(np_, members):
         assert r["sum_after"] == [float(len(ranks))] * 2
     for rank in set(range(np_)) - set(ranks):
         assert results[rank] == {}
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_small_buffers_swap_whole_vectors_in_one_message_a_level(np_):
+    """Up to WHOLE_BYTES a rank sends its whole buffer once per level (log2 n messages);
+    past it, halves that shrink, then the pieces back, plus the dot products: more messages,
+    fewer bytes. Both give the tree's result, with the same bits on every rank."""
+    results = run_mpi(np_, "adasum_cases:messages", timeout=120)
+    levels = np_.bit_length() - 1
+    for case in ("at_whole", "past_whole"):
+        want = reference.adasum([inputs(case, r)[0] for r in range(np_)])
+        for rank, r in enumerate(results):
+            sent, got = r[case]
+            _assert_matches(got, want, f"{case} rank {rank}")
+            assert got.tobytes() == results[0][case][1].tobytes(), (case, rank)
+            if case == "at_whole":
+                assert sent == [adasum.WHOLE_BYTES] * levels, sent
+            else:
+                assert len(sent) > levels and max(sent) <= adasum.WHOLE_BYTES // 2 + 8, sent

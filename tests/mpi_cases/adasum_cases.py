@@ -6,10 +6,13 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 import hvdlike as hvd
+from hvdlike import adasum
 from hvdlike.dtypes import BFLOAT16
+from hvdlike.transport import mpi
 
 CASES = ["float32", "float64", "float16", "bfloat16", "parallel", "orthogonal", "zeros_on_odd",
-         "scaled", "async", "grouped", "one_element", "long"]
+         "scaled", "async", "grouped", "one_element", "long", "at_whole", "past_whole",
+         "grouped_long"]
 
 
 def inputs(case: str, rank: int) -> List[np.ndarray]:
@@ -34,6 +37,11 @@ def inputs(case: str, rank: int) -> List[np.ndarray]:
         return [rng.standard_normal(1).astype(np.float32)]
     if case == "long":  # each kept piece spans several of the dot products' chunks
         return [rng.standard_normal(300_001)]
+    if case in ("at_whole", "past_whole"):  # the last size that swaps whole vectors, the first
+        # that halves them
+        return [rng.standard_normal(adasum.WHOLE_BYTES // 8 + (case == "past_whole"))]
+    if case == "grouped_long":  # halved, with tensor boundaries inside the pieces
+        return [rng.standard_normal(n).astype(np.float32) for n in (20_000, 7, 30_001, 1)]
     # grouped: each tensor on its own (own dot products), 2 dtypes, zero- and one-element
     return [rng.standard_normal(300).astype(np.float32), rng.standard_normal((3, 4)),
             np.zeros(0, np.float32), rng.standard_normal(1).astype(np.float32),
@@ -46,7 +54,7 @@ FACTORS = {"scaled": (0.5, 3.0)}
 def _one(case: str, x: List[np.ndarray], ps: Any) -> Any:
     pre, post = FACTORS.get(case, (1.0, 1.0))
     kw = dict(op=hvd.Adasum, name=f"adasum.{case}", process_set=ps)
-    if case == "grouped":
+    if case.startswith("grouped"):
         return hvd.grouped_allreduce(x, **kw)
     if case == "async":
         return hvd.allreduce_async(x[0], **kw).synchronize()
@@ -99,4 +107,23 @@ def refused(members: Optional[List[int]] = None) -> Dict[str, str]:
     out["sum_after"] = hvd.allreduce(np.ones(2), op=hvd.Sum, process_set=ps).tolist()
     if members is not None:
         hvd.remove_process_set(ps)
+    return out
+
+
+def messages() -> Dict[str, Any]:
+    """``hvdlike.adasum.allreduce`` on the world with a sendrecv that counts its messages:
+    for a buffer of ``WHOLE_BYTES`` (whole vectors) and one element more (halving); returns
+    {size: (messages, result)}."""
+    from mpi4py import MPI
+    out = {}
+    for case in ("at_whole", "past_whole"):
+        buf = inputs(case, MPI.COMM_WORLD.Get_rank())[0]
+        sent = []
+
+        def counted(comm: Any, send: np.ndarray, recv: np.ndarray, peer: int) -> None:
+            sent.append(send.nbytes)
+            mpi.sendrecv(comm, send, recv, peer)
+
+        adasum.allreduce(MPI.COMM_WORLD, counted, buf, np.empty_like(buf), [(0, buf.size)])
+        out[case] = (sent, buf)
     return out
