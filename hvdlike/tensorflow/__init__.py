@@ -21,6 +21,7 @@ from hvdlike.tensorflow.tape import (  # noqa: F401
 from hvdlike.tensorflow.optimizer import (  # noqa: F401
     DistributedOptimizer, PartialDistributedOptimizer,
 )
+from hvdlike.tensorflow.optimizer_v1 import BroadcastGlobalVariablesHook  # noqa: F401
 from hvdlike.tensorflow.functions import (  # noqa: F401
     broadcast_variables, broadcast_global_variables, broadcast_object, allgather_object,
     broadcast_, broadcast_object_fn,

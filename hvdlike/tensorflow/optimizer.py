@@ -11,7 +11,7 @@ import tensorflow as tf
 import hvdlike as _core
 from hvdlike import Average, Min
 
-from hvdlike.tensorflow import compat, ops
+from hvdlike.tensorflow import compat, ops, optimizer_v1
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import GradientReducer
 
@@ -177,8 +177,9 @@ def _check_optimizer(optimizer):
             f"hvdlike DistributedOptimizer expects a {kind} optimizer (an instance of "
             f"{', '.join(b.__module__ + '.' + b.__name__ for b in bases)}), got "
             f"{type(optimizer).__module__}.{type(optimizer).__name__}. Create it with "
-            "keras.optimizers (e.g. keras.optimizers.SGD(0.01)); for custom training loops "
-            f"with other optimizers use hvdlike.tensorflow.DistributedGradientTape.{other}")
+            "keras.optimizers (e.g. keras.optimizers.SGD(0.01)); a tf.compat.v1.train "
+            "optimizer works too; for custom training loops with other optimizers use "
+            f"hvdlike.tensorflow.DistributedGradientTape.{other}")
     if is_distributed_optimizer(optimizer):
         raise ValueError("hvdlike DistributedOptimizer: this optimizer is already distributed;"
                          " wrap the original optimizer only once.")
@@ -209,9 +210,22 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     ``model.compile`` builds under a ``mixed_float16`` policy); either way every rank makes
     the same skip-or-apply decision.  ``groups`` may also be a number of groups, as in
     Horovod.  ``optimizer.register_local_var(v)`` keeps ``v``'s gradient local (divided by
-    the set size when ``scale_local_gradients``).  ``use_locking`` (TF1 optimizers) and
-    ``device_*`` are accepted for Horovod compatibility and have no effect.
+    the set size when ``scale_local_gradients``).  ``device_*`` are accepted for Horovod
+    compatibility and have no effect.
+
+    A ``tf.compat.v1.train.Optimizer`` (Horovod's TF1 API: ``minimize``, or
+    ``compute_gradients`` and ``apply_gradients``, in a graph or eagerly) is wrapped too:
+    its ``compute_gradients`` returns the reduced gradients; ``use_locking`` goes to the
+    wrapper; not with ``backward_passes_per_step`` > 1 or ``op=Adasum``.  See
+    ``BroadcastGlobalVariablesHook``.
     """
+    if optimizer_v1.is_v1_optimizer(optimizer):
+        return optimizer_v1.distributed_v1(
+            optimizer, use_locking, backward_passes_per_step, compression=compression,
+            sparse_as_dense=sparse_as_dense, op=op,
+            gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
+            groups=groups, process_set=process_set, name=name,
+            scale_local_gradients=scale_local_gradients)
     _check_optimizer(optimizer)
     if getattr(optimizer, "built", False) and getattr(optimizer, "variables", None):
         raise ValueError(
