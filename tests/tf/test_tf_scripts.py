@@ -120,3 +120,23 @@ def test_a_rank_killed_while_writing_a_checkpoint_leaves_the_previous_one_intact
     check = run_script(1, "checkpoint_kill.py", path, "--verify", timeout=240, mpi=False)
     assert check.returncode == 0, check.output[-3000:]
     assert re.search(r"^LOADED_SUM (\S+)", check.output, re.M).group(1) == saved.group(1)
+
+
+def test_horovod_readme_tf1_script_runs_and_resumes_with_only_import_changed(tmp_path):
+    """Horovod's README loop (tf.compat.v1, MonitoredTrainingSession, checkpoints on rank 0):
+    the hook gives both ranks rank 0's start, training keeps them equal; a second run
+    resumes from rank 0's checkpoint, and the hook hands it to rank 1."""
+    def weights(output, what):
+        found = dict(re.findall(rf"^{what} rank=(\d) w=(\[.*\])$", output, re.M))
+        assert sorted(found) == ["0", "1"], output[-5000:]
+        return found
+
+    first = run_script(2, "horovod_style_tf1.py", tmp_path, 10, timeout=240)
+    assert first.returncode == 0, first.output[-5000:]
+    start, end = weights(first.output, "START"), weights(first.output, "END")
+    assert start["0"] == start["1"] and end["0"] == end["1"] and end["0"] != start["0"]
+    second = run_script(2, "horovod_style_tf1.py", tmp_path, 20, timeout=240)
+    assert second.returncode == 0, second.output[-5000:]
+    resumed = weights(second.output, "START")
+    assert resumed["0"] == resumed["1"] == end["0"], (resumed, end)
+    assert weights(second.output, "END")["1"] != end["0"]  # it trained on from there
