@@ -1,6 +1,7 @@
 """Horovod's TF1-style training (its README's loop): DistributedOptimizer of a
 tf.compat.v1.train optimizer and BroadcastGlobalVariablesHook in a MonitoredTrainingSession,
-on 2 and 4 ranks, each rank checking its results against one process on the global batch."""
+on 2 and 4 ranks and as one process without mpirun, each rank checking its results against
+one process on the global batch."""
 import pytest
 
 from mpi_harness import run_script_once
@@ -14,8 +15,8 @@ CHECKS = [
 ]
 
 
-@pytest.mark.parametrize("nranks", [2, 4])
+@pytest.mark.parametrize("nranks", [1, 2, 4])
 @pytest.mark.parametrize("check", CHECKS)
 def test_v1_optimizer_check_passes_on_every_rank(check, nranks):
-    res = run_script_once(nranks, "v1_checks.py", timeout=300)
+    res = run_script_once(nranks, "v1_checks.py", timeout=300, mpi=nranks > 1)
     assert res.passed(check, nranks), res.output[-6000:]
