@@ -8,7 +8,6 @@ import numpy as np
 import hvdlike as hvd
 from hvdlike import adasum
 from hvdlike.dtypes import BFLOAT16
-from hvdlike.transport import mpi
 
 CASES = ["float32", "float64", "float16", "bfloat16", "parallel", "orthogonal", "zeros_on_odd",
          "scaled", "async", "grouped", "one_element", "long", "at_whole", "past_whole",
@@ -115,6 +114,9 @@ def messages() -> Dict[str, Any]:
     for a buffer of ``WHOLE_BYTES`` (whole vectors) and one element more (halving); returns
     {size: (messages, result)}."""
     from mpi4py import MPI
+
+    from hvdlike.transport import mpi  # here: importing it sets MPI's environment defaults,
+    # which would leak into the pytest process that imports this module for ``inputs``
     out = {}
     for case in ("at_whole", "past_whole"):
         buf = inputs(case, MPI.COMM_WORLD.Get_rank())[0]
