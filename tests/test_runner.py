@@ -47,7 +47,10 @@ INTEL_VERSION_TEXT = "Intel(R) MPI Library for Linux* OS, Version 2021.13 Build 
 
 
 def launcher_env(extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """This process's environment, without the MPI default that importing hvdlike's MPI
+    transport puts into it (the launcher's own default is under test), plus ``extra``."""
     env = dict(os.environ)
+    env.pop("OMPI_MCA_osc", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.update(extra or {})
     return env
