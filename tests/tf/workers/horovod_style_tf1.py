@@ -11,22 +11,20 @@ import hvdlike.tensorflow as hvd
 
 tf.compat.v1.disable_eager_execution()
 
-# Initialize Horovod
 hvd.init()
 
-# Build model...
+# a linear model on rank-dependent random batches
 rng = np.random.RandomState(hvd.rank())
 x = tf.compat.v1.placeholder(tf.float32, [None, 4])
 y = tf.compat.v1.placeholder(tf.float32, [None, 1])
 w = tf.compat.v1.get_variable("w", [4, 1])
 loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
 
-# Add Horovod Distributed Optimizer
+# the learning rate scaled by the number of ranks, gradients averaged over them
 opt = tf.compat.v1.train.AdagradOptimizer(0.01 * hvd.size())
 opt = hvd.DistributedOptimizer(opt)
 
-# Add hook to broadcast variables from rank 0 to all other processes during
-# initialization.
+# every rank starts from rank 0's variables
 hooks = [hvd.BroadcastGlobalVariablesHook(0),
          tf.compat.v1.train.StopAtStepHook(last_step=int(sys.argv[2]))]
 
@@ -41,18 +39,13 @@ class Report(tf.compat.v1.train.SessionRunHook):
 
 hooks.append(Report())
 
-# Make training operation
 train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
 
-# Save checkpoints only on worker 0 to prevent other workers from corrupting them.
+# only rank 0 writes (and restores) checkpoints
 checkpoint_dir = sys.argv[1] if hvd.rank() == 0 else None
 
-# The MonitoredTrainingSession takes care of session initialization,
-# restoring from a checkpoint, saving to a checkpoint, and closing when done
-# or an error occurs.
 with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=checkpoint_dir,
                                                  hooks=hooks) as mon_sess:
     while not mon_sess.should_stop():
-        # Perform synchronous training.
         xb = rng.randn(8, 4).astype(np.float32)
         mon_sess.run(train_op, feed_dict={x: xb, y: xb.sum(axis=1, keepdims=True)})
