@@ -8,10 +8,10 @@ import numpy as np
 import tensorflow as tf
 import hvdlike.tensorflow as hvd
 
-# Horovod: initialize Horovod.
+# one process per rank
 hvd.init()
 
-# Horovod: pin GPU to be used to process local rank (one GPU per process)
+# each rank on its own GPU, if any
 gpus = tf.config.experimental.list_physical_devices('GPU')
 for gpu in gpus:
     tf.config.experimental.set_memory_growth(gpu, True)
@@ -39,7 +39,7 @@ mnist_model = tf.keras.Sequential([
 ])
 loss = tf.losses.SparseCategoricalCrossentropy()
 
-# Horovod: adjust learning rate based on number of GPUs.
+# the learning rate grows with the number of ranks
 opt = tf.optimizers.Adam(0.001 * hvd.size())
 
 
@@ -49,18 +49,14 @@ def training_step(images, labels, first_batch):
         probs = mnist_model(images, training=True)
         loss_value = loss(labels, probs)
 
-    # Horovod: add Horovod Distributed GradientTape.
+    # gradients averaged over the ranks
     tape = hvd.DistributedGradientTape(tape)
 
     grads = tape.gradient(loss_value, mnist_model.trainable_variables)
     opt.apply_gradients(zip(grads, mnist_model.trainable_variables))
 
-    # Horovod: broadcast initial variable states from rank 0 to all other processes.
-    # This is necessary to ensure consistent initialization of all workers when
-    # training is started with random weights or restored from a checkpoint.
-    #
-    # Note: broadcast should be done after the first gradient step to ensure optimizer
-    # initialization.
+    # after the first step (the optimizer's slots exist by then): rank 0's model and
+    # optimizer state everywhere
     if first_batch:
         hvd.broadcast_variables(mnist_model.variables, root_rank=0)
         hvd.broadcast_variables(opt.variables(), root_rank=0)
@@ -68,7 +64,7 @@ def training_step(images, labels, first_batch):
     return loss_value
 
 
-# Horovod: adjust number of steps based on number of GPUs.
+# fewer steps per rank the more ranks there are
 for batch, (images, labels) in enumerate(dataset.take(40 // hvd.size())):
     loss_value = training_step(images, labels, batch == 0)
 

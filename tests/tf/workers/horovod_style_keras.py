@@ -8,10 +8,10 @@ import numpy as np
 import tensorflow as tf
 import hvdlike.tensorflow.keras as hvd
 
-# Horovod: initialize Horovod.
+# one process per rank
 hvd.init()
 
-# Horovod: pin GPU to be used to process local rank (one GPU per process)
+# each rank on its own GPU, if any
 gpus = tf.config.experimental.list_physical_devices('GPU')
 for gpu in gpus:
     tf.config.experimental.set_memory_growth(gpu, True)
@@ -38,16 +38,15 @@ mnist_model = tf.keras.Sequential([
     tf.keras.layers.Dense(10, activation='softmax')
 ])
 
-# Horovod: adjust learning rate based on number of GPUs.
+# the learning rate grows with the number of ranks
 scaled_lr = 0.001 * hvd.size()
 opt = tf.optimizers.Adam(scaled_lr)
 
-# Horovod: add Horovod DistributedOptimizer.
+# gradients averaged over the ranks
 opt = hvd.DistributedOptimizer(
     opt, backward_passes_per_step=1, average_aggregated_gradients=True)
 
-# Horovod: Specify `experimental_run_tf_function=False` to ensure TensorFlow
-# uses hvd.DistributedOptimizer() to compute gradients.
+# as in Horovod's example: experimental_run_tf_function=False (tf_keras only; Keras 3 removed it)
 compile_kwargs = {}
 if "--legacy" in sys.argv:
     compile_kwargs["experimental_run_tf_function"] = False
@@ -57,22 +56,19 @@ mnist_model.compile(loss=tf.losses.SparseCategoricalCrossentropy(),
                     **compile_kwargs)
 
 callbacks = [
-    # Horovod: broadcast initial variable states from rank 0 to all other processes.
+    # rank 0's starting weights everywhere
     hvd.callbacks.BroadcastGlobalVariablesCallback(0),
 
-    # Horovod: average metrics among workers at the end of every epoch.
+    # epoch metrics averaged over the ranks
     hvd.callbacks.MetricAverageCallback(),
 
-    # Horovod: using `lr = 1.0 * hvd.size()` from the very beginning leads to worse final
-    # accuracy. Scale the learning rate `lr = 1.0` ---> `lr = 1.0 * hvd.size()` during
-    # the first three epochs.
+    # ramp the scaled learning rate up over the first epoch
     hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, warmup_epochs=1, verbose=1),
 ]
 
-# Horovod: write logs on worker 0.
+# progress printed by rank 0 only
 verbose = 1 if hvd.rank() == 0 else 0
 
-# Train the model.
 history = mnist_model.fit(dataset, steps_per_epoch=20 // hvd.size(), callbacks=callbacks,
                           epochs=2, verbose=verbose)
 
