@@ -162,7 +162,7 @@ def _distributed_class(base, settings):
 
 
 def is_distributed_optimizer(optimizer):
-    return isinstance(optimizer, _DistributedMixin)
+    return isinstance(optimizer, (_DistributedMixin, optimizer_v1.DistributedOptimizerV1))
 
 
 def _check_optimizer(optimizer):
@@ -180,9 +180,6 @@ def _check_optimizer(optimizer):
             "keras.optimizers (e.g. keras.optimizers.SGD(0.01)); a tf.compat.v1.train "
             "optimizer works too; for custom training loops with other optimizers use "
             f"hvdlike.tensorflow.DistributedGradientTape.{other}")
-    if is_distributed_optimizer(optimizer):
-        raise ValueError("hvdlike DistributedOptimizer: this optimizer is already distributed;"
-                         " wrap the original optimizer only once.")
 
 
 def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dense: str = "",
@@ -219,6 +216,9 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     wrapper; not with ``backward_passes_per_step`` > 1 or ``op=Adasum``.  See
     ``BroadcastGlobalVariablesHook``.
     """
+    if is_distributed_optimizer(optimizer):
+        raise ValueError("hvdlike DistributedOptimizer: this optimizer is already distributed;"
+                         " wrap the original optimizer only once.")
     if optimizer_v1.is_v1_optimizer(optimizer):
         return optimizer_v1.distributed_v1(
             optimizer, use_locking, backward_passes_per_step, compression=compression,

@@ -23,7 +23,7 @@ def is_v1_optimizer(optimizer: Any) -> bool:
     return isinstance(optimizer, tf.compat.v1.train.Optimizer)
 
 
-class _DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
+class DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
     """A ``tf.compat.v1.train.Optimizer`` whose gradients are reduced over ranks."""
 
     def __init__(self, optimizer: Any, reducer: GradientReducer, name: str,
@@ -62,9 +62,6 @@ def distributed_v1(optimizer: Any, use_locking: bool, backward_passes_per_step: 
                    **reducer_settings: Any) -> Any:
     """``DistributedOptimizer`` for a ``tf.compat.v1.train.Optimizer``; ``reducer_settings``
     as for ``GradientReducer`` (its ``name`` also names the wrapper)."""
-    if isinstance(optimizer, _DistributedOptimizerV1):
-        raise ValueError("hvdlike DistributedOptimizer: this optimizer is already distributed;"
-                         " wrap the original optimizer only once.")
     if backward_passes_per_step != 1:
         raise ValueError(
             "hvdlike DistributedOptimizer: backward_passes_per_step > 1 needs a Keras optimizer "
@@ -77,7 +74,7 @@ def distributed_v1(optimizer: Any, use_locking: bool, backward_passes_per_step: 
             "Keras optimizer, or DistributedGradientTape(op=Adasum).")
     reducer = GradientReducer(**reducer_settings)
     name = reducer_settings.get("name") or f"Distributed{type(optimizer).__name__}"
-    return _DistributedOptimizerV1(optimizer, reducer, name, use_locking)
+    return DistributedOptimizerV1(optimizer, reducer, name, use_locking)
 
 
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
