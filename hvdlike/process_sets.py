@@ -22,11 +22,13 @@ class ProcessSet:
         self._comm: Any = None  # the set's MPI communicator on members, None elsewhere
         self._rank = -1
         self._shm: Any = None  # on-node shared-memory all-reduce (members on one node only)
+        self._cma: Any = None  # on-node single-copy all-reduce, where the kernel allows it
 
     def _bind(self, process_set_id: int, ranks: List[int], comm: Any) -> None:
         self.process_set_id, self.ranks, self._comm = process_set_id, ranks, comm
         self._rank = comm.Get_rank() if comm is not None else -1
         self._shm = runtime.shared_memory_reducer(ranks, comm) if comm is not None else None
+        self._cma = runtime.single_copy_reducer(ranks, comm) if comm is not None else None
         _registry[process_set_id] = self
 
     def _unbind(self) -> None:
@@ -36,6 +38,7 @@ class ProcessSet:
         if self._comm is not None and self.process_set_id != 0:
             self._comm.Free()
         self.process_set_id, self._comm, self._rank, self._shm = None, None, -1, None
+        self._cma = None
 
     def size(self) -> int:
         """Number of ranks in the set."""
@@ -135,3 +138,4 @@ def _drop_all() -> None:
     for ps in list(_registry.values()):
         _registry.pop(ps.process_set_id, None)
         ps.process_set_id, ps._comm, ps._rank, ps._shm = None, None, -1, None
+        ps._cma = None

@@ -202,6 +202,18 @@ def shared_memory_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
     return None
 
 
+def single_copy_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
+    """The single-copy all-reduce (cross-memory attach) for a set of world ``ranks`` on one
+    node, where every member may attach to the others' memory; otherwise None (also for one
+    rank, and with HVDLIKE_CMA=0 or HVDLIKE_SHM_BUFFER=0). Collective over ``comm``."""
+    st = state()
+    if (len(ranks) < 2 or not st.settings.cma or st.settings.shm_buffer == 0
+            or len({st.node_of_rank[r] for r in ranks}) > 1):
+        return None
+    from .transport.cma import CrossMemoryAllreduce
+    return CrossMemoryAllreduce.create(comm)
+
+
 def _install_abort_hook(st: _State) -> None:
     previous = sys.excepthook
     # after an elastic reset MPI_COMM_WORLD holds dead ranks (a replacement: only itself)

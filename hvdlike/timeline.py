@@ -10,7 +10,8 @@ request name is a row with its phases:
 - ``NEGOTIATE``: that round (the exchange that tells every rank what the others have);
 - ``WAIT_FOR_RANKS``: until the round in which every rank of its set had submitted it;
 - then the phases of the bucket it ran in, named after what they do (``MEMCPY_IN_FUSION_BUFFER``,
-  ``SHM_ALLREDUCE`` or ``MPI_ALLREDUCE``, ``MEMCPY_OUT_FUSION_BUFFER``, ``MPI_ALLGATHER``, ...),
+  ``SHM_ALLREDUCE`` (the shared-memory window), ``CMA_ALLREDUCE`` (single-copy) or
+  ``MPI_ALLREDUCE``, ``MEMCPY_OUT_FUSION_BUFFER``, ``MPI_ALLGATHER``, ...),
   with the bucket's number, size and members in ``args``.
 
 A ``steps`` row holds ``STEP`` spans when TensorFlow drives training (see

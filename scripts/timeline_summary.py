@@ -10,7 +10,7 @@ one trace, one process per rank, for chrome://tracing or ui.perfetto.dev).
 
 Overlap of a ``STEP`` (one optimizer update; see hvdlike/timeline.py): backprop has produced
 its last gradient when the step's last request is submitted; communication is the union of
-the step's transport phases (``SHM_*``/``MPI_*``); hidden = the part of it before that last
+the step's transport phases (``SHM_*``, ``CMA_*``, ``HIERARCHICAL_*``, ``MPI_*``); hidden = the part of it before that last
 submit, exposed = the rest.
 """
 import argparse
@@ -25,7 +25,7 @@ Span = Tuple[float, float]
 
 
 def is_transport(name: str) -> bool:
-    return name.startswith(("SHM_", "MPI_"))
+    return name.startswith(("SHM_", "CMA_", "HIERARCHICAL_", "MPI_"))
 
 
 def load(path: str) -> Dict[int, List[Dict[str, Any]]]:

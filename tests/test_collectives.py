@@ -1,7 +1,7 @@
 """Every collective x dtype x op equals its NumPy reference on every rank: np=1, np=2, np=4
 (oversubscribed), a process set of 2 out of 4 ranks and one of 1 out of 4, each over MPI and
-over the on-node shared-memory transport (threshold 0 so every blocking all-reduce takes it; a
-64-byte buffer so that most take several rounds) and hierarchically over two pretend nodes;
+over the on-node shared-memory window (threshold 0 so every blocking all-reduce takes it; a
+64-byte buffer so that most take several rounds), single-copy through cross-memory attach and hierarchically over two pretend nodes;
 with the MPI transport's per-call limit lowered to 5 elements (the path of messages past 2
 GiB); and the same under MPICH (HVDLIKE_TEST_MPICH_PREFIX)."""
 import numpy as np
@@ -12,12 +12,14 @@ from collective_cases import Case, cases, inputs, splits_for
 from mpi_harness import mpich_prefix, run_mpi
 
 MPI_ONLY = {"HVDLIKE_SHM_BUFFER": "0"}
-SHM = {"HVDLIKE_SHM_THRESHOLD": "0"}
-SHM_ROUNDS = {"HVDLIKE_SHM_THRESHOLD": "0", "HVDLIKE_SHM_BUFFER": "64"}
+SHM = {"HVDLIKE_SHM_THRESHOLD": "0", "HVDLIKE_CMA": "0"}
+SHM_ROUNDS = {**SHM, "HVDLIKE_SHM_BUFFER": "64"}
+CMA = {"HVDLIKE_SHM_THRESHOLD": "0", "HVDLIKE_CMA_THRESHOLD": "0"}
 CONFIGS = {
     "np2": (2, None, MPI_ONLY), "np4": (4, None, MPI_ONLY), "np4-set12": (4, [1, 2], MPI_ONLY),
     "np2-shm": (2, None, SHM), "np4-shm-rounds": (4, None, SHM_ROUNDS),
     "np4-set12-shm-rounds": (4, [1, 2], SHM_ROUNDS),
+    "np2-cma": (2, None, CMA), "np4-cma": (4, None, CMA), "np4-set12-cma": (4, [1, 2], CMA),
     # two pretend nodes of 2 ranks: hierarchical (shared memory inside, MPI across)
     "np4-hier-rounds": (4, None, {**SHM_ROUNDS, "HVDLIKE_NODE_NAMES": "a,a,b,b"}),
     "mpich-np2": (2, None, MPI_ONLY), "mpich-np4-shm-rounds": (4, None, SHM_ROUNDS),

@@ -1,7 +1,10 @@
-"""The on-node shared-memory all-reduce (hvdlike/transport/shm.py) in real MPI jobs: results
-equal NumPy on every rank while the window grows and large inputs go in rounds, every rank
-gets the same bits, only sets within one node use it, and a full /dev/shm falls back to MPI.
-(The full collective matrix also runs over it: see the *-shm configs in test_collectives.)"""
+"""The on-node all-reduce in real MPI jobs, through the shared-memory window
+(hvdlike/transport/shm.py) and single-copy through cross-memory attach (transport/cma.py):
+results equal NumPy on every rank while the window grows and large inputs go in rounds, every
+rank gets the same bits, only sets within one node use it, a full /dev/shm falls back to MPI,
+a rank that may not attach makes every rank take the window, and a failed copy is an error on
+every rank. (The full collective matrix also runs over both: the *-shm and *-cma configs in
+test_collectives.)"""
 import numpy as np
 import pytest
 
@@ -12,11 +15,17 @@ from shm_cases import inputs
 MIB = 1 << 20
 
 
-@pytest.mark.parametrize("np_", [2, 4])
-def test_window_grows_and_large_inputs_take_rounds_matching_numpy(np_):
-    sizes = [4096, 6 * MIB, 40 * MIB + 8]  # below threshold, grows the window, 3+ rounds
+WINDOW = {"HVDLIKE_CMA": "0"}
+
+
+@pytest.mark.parametrize("np_,transport", [(2, "window"), (4, "window"), (2, "cma"), (4, "cma")])
+def test_large_inputs_match_numpy_through_the_window_in_rounds_and_single_copy(np_, transport):
+    # window: below the threshold, grows the window, 3+ rounds; cma: below the threshold,
+    # through the window (its first size: 4 MiB), single-copy (the window would grow)
+    sizes = [4096, 6 * MIB, 40 * MIB + 8] if transport == "window" else [4096, MIB, 6 * MIB + 8]
     dtypes = ["float32", "int64", "bool"]
-    env = {"HVDLIKE_SHM_THRESHOLD": "65536", "HVDLIKE_SHM_BUFFER": str(16 * MIB)}
+    env = {"HVDLIKE_SHM_THRESHOLD": "65536", "HVDLIKE_SHM_BUFFER": str(16 * MIB),
+           **(WINDOW if transport == "window" else {"HVDLIKE_CMA_THRESHOLD": str(4 * MIB)})}
     results = run_mpi(np_, "shm_cases:sizes_and_ops", timeout=240, env=env, sizes=sizes,
                       dtypes=dtypes)
     for nbytes in sizes:
@@ -33,11 +42,13 @@ def test_window_grows_and_large_inputs_take_rounds_matching_numpy(np_):
             for rank, got in enumerate(results):
                 for g, w in zip(got[f"{nbytes}-{dtype}-grouped"], grouped_want):
                     np.testing.assert_array_equal(g, w, err_msg=f"grouped {nbytes} {dtype}")
-    assert [r["capacity"] for r in results] == [16 * MIB] * np_  # grew to the cap, no further
+    capacity = 16 * MIB if transport == "window" else 4 * MIB  # cma: 6 MiB did not grow it
+    assert [(r["cma"], r["capacity"]) for r in results] == [(transport == "cma", capacity)] * np_
 
 
-def test_every_rank_gets_bitwise_the_same_float_sum():
-    results = run_mpi(4, "shm_cases:identical_bits", timeout=120, nbytes=3 * MIB + 4)
+@pytest.mark.parametrize("env", [{"HVDLIKE_CMA_THRESHOLD": "0"}, WINDOW], ids=["cma", "window"])
+def test_every_rank_gets_bitwise_the_same_float_sum(env):
+    results = run_mpi(4, "shm_cases:identical_bits", timeout=120, nbytes=3 * MIB + 4, env=env)
     assert all(r["close"] for r in results)
     assert len({r["digest"] for r in results}) == 1
 
@@ -99,8 +110,24 @@ def test_shared_memory_can_be_turned_off():
 
 
 def test_full_dev_shm_on_one_rank_makes_every_rank_fall_back_to_mpi():
-    for r in run_mpi(2, "shm_cases:dev_shm_full_on_last_rank", timeout=60):
+    for r in run_mpi(2, "shm_cases:dev_shm_full_on_last_rank", timeout=60, env=WINDOW):
         assert r == dict(first=3.0, again=3.0, capacity=0, no_room=True)
+
+
+def test_a_rank_that_may_not_attach_makes_every_rank_use_the_window():
+    for r in run_mpi(4, "shm_cases:cma_refused_on_last_rank", timeout=120,
+                     env={"HVDLIKE_CMA_THRESHOLD": "0"}):
+        assert r == dict(cma=False, sum=10.0, capacity=4 * MIB)
+
+
+def test_a_copy_failing_on_one_rank_is_an_error_on_every_rank_and_the_next_call_works():
+    results = run_mpi(4, "shm_cases:cma_copy_fails_on_last_rank", timeout=120,
+                      env={"HVDLIKE_CMA_THRESHOLD": "0"})
+    for rank, r in enumerate(results):
+        assert r["after"] == 10.0
+        where = "this" if rank == 3 else "another"
+        assert r["error"] is not None and f"failed on {where} rank" in r["error"], r
+        assert "HVDLIKE_CMA=0" in r["error"]
 
 
 def test_windows_are_freed_and_made_again_across_shutdown_and_init():

@@ -4,7 +4,8 @@ All-reduces that became ready together are fused by bytes (``HVDLIKE_FUSION_THRE
 (process set, op, factors, dtype): one dtype per bucket, since 16-bit floats are reduced in
 float32 but rounded to their own dtype before the postscale. A bucket goes through the on-node
 shared-memory transport straight from the tensors' memory into the results when its set lives
-on one node and it has at least ``HVDLIKE_SHM_THRESHOLD`` bytes; for the world on several
+on one node and it has at least ``HVDLIKE_SHM_THRESHOLD`` bytes (from ``HVDLIKE_CMA_THRESHOLD``
+bytes single-copy, through cross-memory attach, where the kernel allows); for the world on several
 nodes, the same size of bucket goes hierarchically (shared memory inside each node, MPI across
 them) with HVDLIKE_HIERARCHICAL_ALLREDUCE=1, or where it measured faster with ``auto``
 (``choice.py``). Otherwise a bucket goes through ``MPI_Allreduce`` (one tensor: from its memory
@@ -226,8 +227,8 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         clock.done("PRESCALE_OR_CAST")
     recvs = sends if not as_is else [empty(a.shape, work) for a in arrays]
     total = sum(r.nbytes for r in recvs)
-    shm = ps._shm
-    use_shm = shm is not None and total >= st.settings.shm_threshold and shm.reserve(total)
+    shm = _on_node_reducer(st, ps, total)
+    use_shm = shm is not None
     choice = None
     if use_shm and shm.across is not None and st.settings.hierarchical_allreduce == "auto":
         choice = _choices.get(shm)
@@ -244,7 +245,8 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         clock.done("SINGLE_RANK_COPY")
     elif use_shm:
         _shm_allreduce(shm, sends, recvs, wire, scale, work)
-        clock.done("SHM_ALLREDUCE" if shm.across is None else "HIERARCHICAL_ALLREDUCE")
+        clock.done("HIERARCHICAL_ALLREDUCE" if shm.across is not None else
+                   "CMA_ALLREDUCE" if shm is ps._cma else "SHM_ALLREDUCE")
     elif len(recvs) == 1:
         st.transport.allreduce(ps._comm, None if sends[0] is recvs[0] else sends[0], recvs[0],
                                wire)
@@ -273,6 +275,17 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
     if work != dtype and dtype.kind != "b":
         clock.done("CAST_OUT")
     return out
+
+
+def _on_node_reducer(st: Any, ps: Any, nbytes: int) -> Any:
+    """What reduces a bucket of ``nbytes`` inside the node (the same on every rank): the
+    single-copy reducer from HVDLIKE_CMA_THRESHOLD bytes, the shared-memory window (or
+    hierarchical) from HVDLIKE_SHM_THRESHOLD; None: MPI."""
+    if ps._shm is None or nbytes < st.settings.shm_threshold:
+        return None
+    if ps._cma is not None and nbytes >= st.settings.cma_threshold:
+        return ps._cma
+    return ps._shm if ps._shm.reserve(nbytes) else None
 
 
 def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],

@@ -53,5 +53,6 @@ with open(f"{root}.rank{rank}{ext}") as f:
     events = json.load(f)
 rows = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
 out["transports"] = sorted({f"{rows[e['tid']].split(' (')[0]}:{e['name']}" for e in events
-                            if e["name"] in ("SHM_ALLREDUCE", "HIERARCHICAL_ALLREDUCE", "MPI_ALLREDUCE")})
+                            if e["name"] in ("SHM_ALLREDUCE", "CMA_ALLREDUCE",
+                                             "HIERARCHICAL_ALLREDUCE", "MPI_ALLREDUCE")})
 print("RESULT " + json.dumps(out), flush=True)

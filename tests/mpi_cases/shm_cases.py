@@ -1,12 +1,14 @@
 """The on-node shared-memory all-reduce seen from each rank: window growth, rounds, topology,
-fallback to MPI, and teardown."""
+fallback to MPI, the single-copy (cross-memory attach) path and its fallbacks, and teardown."""
+import ctypes
+import errno
 import hashlib
 from typing import Any, Dict, List
 
 import numpy as np
 
 import hvdlike as hvd
-from hvdlike.transport import shm
+from hvdlike.transport import cma, shm
 
 OPS = ["Sum", "Average", "Min", "Max", "Product"]
 
@@ -32,6 +34,7 @@ def sizes_and_ops(sizes: List[int], dtypes: List[str]) -> Dict[str, Any]:
             out[f"{nbytes}-{dtype}-grouped"] = grouped
     reducer = hvd.global_process_set._shm
     out["capacity"] = None if reducer is None else reducer._capacity
+    out["cma"] = hvd.global_process_set._cma is not None
     return out
 
 
@@ -103,3 +106,43 @@ def auto_choice(sizes: List[int], after: int) -> Dict[str, Any]:
     choice = execute._choices[hvd.global_process_set._shm]
     return dict(sums=sums, calls=calls, trials=auto.TRIALS, picked=dict(choice.picked),
                 tried={c: (len(f), len(h)) for c, (f, h) in choice._times.items()})
+
+
+def _refused(*args: Any) -> int:
+    """A process_vm_readv/writev that the kernel refuses (as seccomp or Yama would)."""
+    ctypes.set_errno(errno.EPERM)
+    return -1
+
+
+def cma_refused_on_last_rank() -> Dict[str, Any]:
+    """The last rank may not attach to its peers' memory: after init again, no rank may use
+    the single-copy reducer, and a bucket above its threshold (HVDLIKE_CMA_THRESHOLD=0) goes
+    through the shared-memory window, right."""
+    if hvd.rank() == hvd.size() - 1:
+        cma._CALLS = (_refused, _refused)
+    hvd.shutdown()
+    hvd.init()
+    x = np.full(1 << 18, hvd.rank() + 1, np.float32)
+    return dict(cma=hvd.global_process_set._cma is not None,
+                sum=float(hvd.allreduce(x, op=hvd.Sum)[-1]),
+                capacity=hvd.global_process_set._shm._capacity)
+
+
+def cma_copy_fails_on_last_rank() -> Dict[str, Any]:
+    """A copy fails in the middle of an all-reduce on the last rank only: every rank must get
+    an error (not a hang, not a wrong result), and the next all-reduce, with the copies
+    working again, is right."""
+    reducer = hvd.global_process_set._cma
+    assert isinstance(reducer, cma.CrossMemoryAllreduce), type(reducer)
+    x = np.full(1 << 18, hvd.rank() + 1, np.float32)
+    working = reducer._write
+    if hvd.rank() == hvd.size() - 1:
+        reducer._write = cma._Copier(_refused)
+    try:
+        hvd.allreduce(x, op=hvd.Sum, name="fails")
+        error = None
+    except cma.CopyFailed as e:
+        error = str(e)
+    reducer._write = working
+    return dict(error=error, after=float(hvd.allreduce(x, op=hvd.Sum, name="after")[0]))
+

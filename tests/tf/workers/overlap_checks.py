@@ -21,7 +21,7 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 r, n = hvd.rank(), hvd.size()
 SLOW = 0.4
 OVERLAP = os.environ.get("HVDLIKE_OVERLAP", "1") != "0"
-TRANSPORT = ("SHM_ALLREDUCE", "MPI_ALLREDUCE")
+TRANSPORT = ("SHM_ALLREDUCE", "CMA_ALLREDUCE", "MPI_ALLREDUCE")
 
 
 @tf.custom_gradient

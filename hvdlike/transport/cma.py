@@ -1,0 +1,238 @@
+"""Single-copy all-reduce for ranks on one node, through Linux cross-memory attach (CMA).
+
+``process_vm_readv`` / ``process_vm_writev`` copy between this process's memory and another
+process's, in the kernel, with no buffer in between. So a rank reads its peers' inputs where
+they are and writes its results straight into their outputs:
+
+1. every rank publishes where its inputs and outputs are (one small MPI all-gather, which is
+   also the call's first synchronisation: every rank's input is ready);
+2. rank r owns chunk r of the (concatenated) data. Piece by piece (so that a piece is still
+   in cache when it is used again) it reads the piece from every peer's input, reduces all
+   ranks' contributions in rank order into its own output, applies ``finish`` (Average's
+   scaling) and writes the result into every peer's output;
+3. a one-integer MPI all-reduce tells every rank that every chunk has landed and whether any
+   rank's copy failed.
+
+Per rank that is one copy of the peers' data in, one reduction pass and one copy out, with no
+shared window and no fusion buffer: against the shared-memory window's 2.5 copies, measured at
+np=2 (ad hoc, this 2-core VM): 8 MiB 0.79 ms against 1.6 ms, 64 MiB 12 ms against 19 ms.
+Each chunk is computed by one rank and copied to the others, so every rank gets the same bits,
+and in rank order, so they equal a rank-ordered NumPy reduction.
+
+The kernel allows these calls only where this process may ptrace the peer (same user, and no
+Yama restriction or seccomp filter in the way): ``create`` tries a read and a write between
+every pair of neighbours and returns None on every rank unless all of them worked, and the
+caller then uses the shared-memory window.
+"""
+import ctypes
+import os
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ..reduce_ops import ReduceOp
+from .shm import _PIECE, _UFUNCS, _Segments
+
+_IOV_MAX = 1024  # iovecs one call may take (Linux's UIO_MAXIOV)
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_IovArray = _Iovec * _IOV_MAX
+
+
+def _bind() -> Optional[Tuple[Any, Any]]:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        read, write = libc.process_vm_readv, libc.process_vm_writev
+    except (OSError, AttributeError):  # not Linux, or a libc without them
+        return None
+    for fn in (read, write):
+        fn.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                       ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
+        fn.restype = ctypes.c_ssize_t
+    return read, write
+
+
+_CALLS = _bind()
+
+# (address here, address in the peer, bytes)
+Span = Tuple[int, int, int]
+
+
+class CopyFailed(OSError):
+    """A cross-memory copy to or from a peer failed."""
+
+
+class _Copier:
+    """Copies lists of spans to or from one peer process, 1024 spans per system call,
+    finishing what a call left partly done."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+        self._local, self._remote = _IovArray(), _IovArray()
+
+    def __call__(self, pid: int, spans: Sequence[Span]) -> None:
+        at = 0
+        while at < len(spans):
+            batch = spans[at:at + _IOV_MAX]
+            total = 0
+            for i, (here, there, n) in enumerate(batch):
+                self._local[i].base, self._local[i].len = here, n
+                self._remote[i].base, self._remote[i].len = there, n
+                total += n
+            done = self._fn(pid, self._local, len(batch), self._remote, len(batch), 0)
+            if done < 0:
+                err = ctypes.get_errno()
+                raise CopyFailed(err, f"cross-memory copy with process {pid}: "
+                                      f"{os.strerror(err)}")
+            if done == total:
+                at += len(batch)
+                continue
+            # partly done (the kernel stops at a span's end or a fault): skip what landed
+            for here, there, n in batch:
+                if done < n:
+                    break
+                done -= n
+                at += 1
+            here, there, n = spans[at]
+            spans = list(spans[:at]) + [(here + done, there + done, n - done)] + \
+                list(spans[at + 1:])
+
+
+class CrossMemoryAllreduce:
+    """Blocking all-reduce over ``comm``, whose ranks all run on this node, through
+    cross-memory attach; make one with ``create``. The same interface as the shared-memory
+    window's reducer (``reserve``, ``allreduce``, ``allreduce_many``, ``free``)."""
+
+    across = None  # never hierarchical: that stays on the shared-memory window
+
+    def __init__(self, comm: Any, pids: Sequence[int]) -> None:
+        assert _CALLS is not None
+        self._comm = comm
+        self._rank, self._size = comm.Get_rank(), comm.Get_size()
+        self._pids = list(pids)
+        self._read, self._write = _Copier(_CALLS[0]), _Copier(_CALLS[1])
+        self._scratch = np.empty((self._size + 1) * _PIECE, np.uint8)
+        self._flag = np.zeros(1, np.int32)
+
+    @classmethod
+    def create(cls, comm: Any) -> Optional["CrossMemoryAllreduce"]:
+        """Collective over ``comm``: the reducer on every rank when every rank can read and
+        write its neighbour's memory, otherwise None on every rank."""
+        me, size = comm.Get_rank(), comm.Get_size()
+        token = np.frombuffer(os.urandom(8), np.uint64).copy()  # proves the right process
+        landing = np.zeros(1, np.uint64)
+        mine = np.array([os.getpid(), token.ctypes.data, landing.ctypes.data, token[0]],
+                        np.uint64)
+        table = np.empty((size, 4), np.uint64)
+        comm.Allgather(mine, table)
+        nxt, prev = (me + 1) % size, (me - 1) % size
+        got = np.zeros(1, np.uint64)
+        ok = _CALLS is not None
+        if ok:
+            pid = int(table[nxt, 0])
+            try:
+                _Copier(_CALLS[0])(pid, [(got.ctypes.data, int(table[nxt, 1]), 8)])
+                _Copier(_CALLS[1])(pid, [(token.ctypes.data, int(table[nxt, 2]), 8)])
+            except CopyFailed:
+                ok = False
+            ok = ok and got[0] == table[nxt, 3]
+        flag = np.array([int(ok)], np.int32)
+        comm.Allreduce(MPI.IN_PLACE, flag, MPI.MIN)  # every write has landed, too
+        flag[0] = int(bool(flag[0]) and landing[0] == table[prev, 3])
+        comm.Allreduce(MPI.IN_PLACE, flag, MPI.MIN)
+        if not flag[0]:
+            return None
+        return cls(comm, [int(p) for p in table[:, 0]])
+
+    def reserve(self, nbytes: int) -> bool:
+        """Always room: nothing is allocated."""
+        return True
+
+    def allreduce(self, send: Optional[np.ndarray], recv: np.ndarray, op: ReduceOp,
+                  finish: Optional[Callable[[np.ndarray], None]] = None) -> None:
+        """Reduce ``send`` (or ``recv`` in place when send is None) into ``recv`` on every
+        rank; see ``allreduce_many``."""
+        self.allreduce_many([recv if send is None else send], [recv], op, finish)
+
+    def allreduce_many(self, sends: Sequence[np.ndarray], recvs: Sequence[np.ndarray],
+                       op: ReduceOp, finish: Optional[Callable[[np.ndarray], None]] = None) -> None:
+        """Reduce a list of arrays as if they were one concatenated array, from ``sends``
+        straight into ``recvs`` on every rank. ``sends[i]`` and ``recvs[i]`` are C-contiguous,
+        of one dtype for all i, the same size, and may be the same array (in place); every
+        rank passes the same sizes. ``finish``: an element-wise in-place pass applied to each
+        reduced piece before it is sent. Raises ``CopyFailed`` on every rank when a copy
+        failed on any."""
+        data = _Segments([s.reshape(-1) for s in sends])
+        out = _Segments([r.reshape(-1) for r in recvs])
+        if out.size == 0:
+            return
+        where = np.array([a.ctypes.data for a in data.arrays + out.arrays], np.uint64)
+        table = np.empty((self._size, where.size), np.uint64)
+        self._comm.Allgather(where, table)
+        failure: Optional[CopyFailed] = None
+        try:
+            self._reduce_my_chunk(data, out, table, op, finish)
+        except CopyFailed as e:  # a peer died or the kernel refused: tell every rank
+            failure = e
+        self._flag[0] = int(failure is None)
+        self._comm.Allreduce(MPI.IN_PLACE, self._flag, MPI.MIN)
+        if not self._flag[0]:
+            raise CopyFailed(
+                (failure.errno or 0) if failure else 0,
+                "the on-node all-reduce's cross-memory copy failed on "
+                f"{'this' if failure else 'another'} rank"
+                f"{': ' + str(failure) if failure else ''}; set HVDLIKE_CMA=0 to use the "
+                "shared-memory window instead")
+
+    def free(self) -> None:
+        """Nothing to release."""
+
+    # ------------------------------------------------------------------ internals
+
+    def _reduce_my_chunk(self, data: _Segments, out: _Segments, table: np.ndarray,
+                         op: ReduceOp, finish: Optional[Callable[[np.ndarray], None]]) -> None:
+        me, size, dtype, ufunc = self._rank, self._size, out.dtype, _UFUNCS[op]
+        item, arrays = dtype.itemsize, len(data.arrays)
+        q, extra = divmod(out.size, size)
+        lo = me * q + min(me, extra)
+        hi = lo + q + (1 if me < extra else 0)
+        piece = max(1, _PIECE // item)
+        scratch = self._scratch
+        base = scratch.ctypes.data
+        mine = [int(x) for x in table[me, arrays:]]  # this rank's outputs
+        for a in range(lo, hi, piece):
+            b = min(a + piece, hi)
+            spans = list(data.spans(a, b, base=a))  # (array, start, stop, offset in piece)
+            # every peer's part of this piece, into its scratch slot
+            for p in range(size):
+                if p != me:
+                    slot = base + p * _PIECE
+                    self._read(self._pids[p], [
+                        (slot + at * item, int(table[p, i]) + s * item, (e - s) * item)
+                        for i, s, e, at in spans])
+            for i, s, e, at in spans:
+                dst = out.arrays[i][s:e]
+                own = data.arrays[i][s:e]
+                if me >= 2 and np.may_share_memory(own, dst):  # in place: keep it for later
+                    kept = scratch[size * _PIECE:][at * item:(at + e - s) * item].view(dtype)
+                    kept[...] = own
+                    own = kept
+                sources = [own if p == me else
+                           scratch[p * _PIECE:][at * item:(at + e - s) * item].view(dtype)
+                           for p in range(size)]
+                ufunc(sources[0], sources[1], out=dst)
+                for src in sources[2:]:
+                    ufunc(dst, src, out=dst)
+                if finish is not None:
+                    finish(dst)
+            for p in range(size):
+                if p != me:
+                    self._write(self._pids[p], [
+                        (mine[i] + s * item, int(table[p, arrays + i]) + s * item,
+                         (e - s) * item)
+                        for i, s, e, at in spans])
