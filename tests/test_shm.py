@@ -130,6 +130,14 @@ def test_a_copy_failing_on_one_rank_is_an_error_on_every_rank_and_the_next_call_
         assert "HVDLIKE_CMA=0" in r["error"]
 
 
+def test_grouped_single_copy_results_are_never_changed_while_held():
+    for r in run_mpi(4, "shm_cases:cma_grouped_results_stay_put", timeout=120,
+                     env={"HVDLIKE_CMA_THRESHOLD": "0", "HVDLIKE_SHM_THRESHOLD": "0"}):
+        assert r["kept"] == [10.0] and r["moved"], r  # 1+2+3+4, untouched by the second call
+        assert r["third"] == [[10.0]] * 3 and not r["kept_memory_reused"], r
+        assert r["dropped_memory_reused"], r  # the second's, let go of
+
+
 def test_windows_are_freed_and_made_again_across_shutdown_and_init():
     results = run_mpi(4, "shm_cases:windows_survive_shutdown_and_init", timeout=120)
     for rank, r in enumerate(results):

@@ -146,3 +146,21 @@ def cma_copy_fails_on_last_rank() -> Dict[str, Any]:
     reducer._write = working
     return dict(error=error, after=float(hvd.allreduce(x, op=hvd.Sum, name="after")[0]))
 
+
+
+def cma_grouped_results_stay_put() -> Dict[str, Any]:
+    """Grouped all-reduces through the single-copy path return views of one result array,
+    which is reused only once nothing holds any of them: a result kept from the first call
+    must not change in the second, and once dropped its memory is reused."""
+    xs = [np.full(n, hvd.rank() + 1.0, np.float32) for n in (1 << 18, 3 << 16, 5)]
+    first = hvd.grouped_allreduce(xs, op=hvd.Sum)
+    kept, where = first[1], first[1].ctypes.data
+    del first
+    second = hvd.grouped_allreduce([x * 10 for x in xs], op=hvd.Sum)
+    moved, second_at = second[1].ctypes.data != where, second[1].ctypes.data
+    del second
+    third = hvd.grouped_allreduce(xs, op=hvd.Sum)
+    return dict(kept=sorted(set(kept.tolist())), moved=moved,
+                kept_memory_reused=any(t.ctypes.data == where for t in third),
+                dropped_memory_reused=third[1].ctypes.data == second_at,
+                third=[sorted(set(t.tolist())) for t in third])
