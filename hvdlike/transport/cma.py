@@ -14,8 +14,10 @@ they are and writes its results straight into their outputs:
    rank's copy failed.
 
 Per rank that is one copy of the peers' data in, one reduction pass and one copy out, with no
-shared window and no fusion buffer: against the shared-memory window's 2.5 copies, measured at
-np=2 (ad hoc, this 2-core VM): 8 MiB 0.79 ms against 1.6 ms, 64 MiB 12 ms against 19 ms.
+shared window and no fusion buffer, against the window's 2.5 copies: at np=2 (2 cores,
+scripts/bench_on_node.py) 64 MiB took 11 ms against the window's 18 ms. The kernel pins each
+page it copies, which makes this slower than the window below a few MiB (the engine's
+HVDLIKE_CMA_THRESHOLD) and on 4 KiB pages slower than on huge ones.
 Each chunk is computed by one rank and copied to the others, so every rank gets the same bits,
 and in rank order, so they equal a rank-ordered NumPy reduction.
 
