@@ -120,14 +120,18 @@ def test_a_rank_that_may_not_attach_makes_every_rank_use_the_window():
         assert r == dict(cma=False, sum=10.0, capacity=4 * MIB)
 
 
-def test_a_copy_failing_on_one_rank_is_an_error_on_every_rank_and_the_next_call_works():
-    results = run_mpi(4, "shm_cases:cma_copy_fails_on_last_rank", timeout=120,
+@pytest.mark.parametrize("how", ["copy", "error"])
+def test_a_single_copy_failing_on_one_rank_is_an_error_on_every_rank_and_the_next_call_works(
+        how):
+    results = run_mpi(4, "shm_cases:cma_fails_on_last_rank", timeout=120, how=how,
                       env={"HVDLIKE_CMA_THRESHOLD": "0"})
     for rank, r in enumerate(results):
         assert r["after"] == 10.0
         where = "this" if rank == 3 else "another"
         assert r["error"] is not None and f"failed on {where} rank" in r["error"], r
         assert "HVDLIKE_CMA=0" in r["error"]
+    cause = "Operation not permitted" if how == "copy" else "a bug in the reduction"
+    assert cause in results[3]["error"]
 
 
 def test_grouped_single_copy_results_are_never_changed_while_held():

@@ -167,8 +167,8 @@ class CrossMemoryAllreduce:
         straight into ``recvs`` on every rank. ``sends[i]`` and ``recvs[i]`` are C-contiguous,
         of one dtype for all i, the same size, and may be the same array (in place); every
         rank passes the same sizes. ``finish``: an element-wise in-place pass applied to each
-        reduced piece before it is sent. Raises ``CopyFailed`` on every rank when a copy
-        failed on any."""
+        reduced piece before it is sent. Raises ``CopyFailed`` on every rank when a copy (or
+        anything else in the reduction) failed on any."""
         data = _Segments([s.reshape(-1) for s in sends])
         out = _Segments([r.reshape(-1) for r in recvs])
         if out.size == 0:
@@ -176,20 +176,20 @@ class CrossMemoryAllreduce:
         where = np.array([a.ctypes.data for a in data.arrays + out.arrays], np.uint64)
         table = np.empty((self._size, where.size), np.uint64)
         self._comm.Allgather(where, table)
-        failure: Optional[CopyFailed] = None
+        failure: Optional[Exception] = None
         try:
             self._reduce_my_chunk(data, out, table, op, finish)
-        except CopyFailed as e:  # a peer died or the kernel refused: tell every rank
-            failure = e
+        except Exception as e:  # noqa: BLE001 - a peer died, the kernel refused, a bug:
+            failure = e  # every rank must hear of it, or the others wait below forever
         self._flag[0] = int(failure is None)
         self._comm.Allreduce(MPI.IN_PLACE, self._flag, MPI.MIN)
         if not self._flag[0]:
             raise CopyFailed(
-                (failure.errno or 0) if failure else 0,
-                "the on-node all-reduce's cross-memory copy failed on "
+                getattr(failure, "errno", None) or 0,
+                "the on-node single-copy all-reduce (cross-memory attach) failed on "
                 f"{'this' if failure else 'another'} rank"
                 f"{': ' + str(failure) if failure else ''}; set HVDLIKE_CMA=0 to use the "
-                "shared-memory window instead")
+                "shared-memory window instead") from failure
 
     def free(self) -> None:
         """Nothing to release."""

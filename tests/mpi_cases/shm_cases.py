@@ -128,24 +128,28 @@ def cma_refused_on_last_rank() -> Dict[str, Any]:
                 capacity=hvd.global_process_set._shm._capacity)
 
 
-def cma_copy_fails_on_last_rank() -> Dict[str, Any]:
-    """A copy fails in the middle of an all-reduce on the last rank only: every rank must get
-    an error (not a hang, not a wrong result), and the next all-reduce, with the copies
-    working again, is right."""
+def cma_fails_on_last_rank(how: str) -> Dict[str, Any]:
+    """On the last rank only, a copy fails (``how="copy"``) or the reduction raises something
+    else (``"error"``) in the middle of an all-reduce: every rank must get an error (not a hang,
+    not a wrong result), and the next all-reduce, with everything working again, is right."""
     reducer = hvd.global_process_set._cma
     assert isinstance(reducer, cma.CrossMemoryAllreduce), type(reducer)
     x = np.full(1 << 18, hvd.rank() + 1, np.float32)
-    working = reducer._write
     if hvd.rank() == hvd.size() - 1:
-        reducer._write = cma._Copier(_refused)
+        if how == "copy":
+            reducer._write = cma._Copier(_refused)
+        else:
+            def broken(*args: Any) -> None:
+                raise ValueError("a bug in the reduction")
+            reducer._reduce_my_chunk = broken
     try:
         hvd.allreduce(x, op=hvd.Sum, name="fails")
         error = None
     except cma.CopyFailed as e:
         error = str(e)
-    reducer._write = working
+    reducer.__dict__.pop("_reduce_my_chunk", None)
+    reducer._write = cma._Copier(cma._CALLS[1])
     return dict(error=error, after=float(hvd.allreduce(x, op=hvd.Sum, name="after")[0]))
-
 
 
 def cma_grouped_results_stay_put() -> Dict[str, Any]:
