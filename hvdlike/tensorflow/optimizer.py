@@ -213,15 +213,17 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     A ``tf.compat.v1.train.Optimizer`` (Horovod's TF1 API: ``minimize``, or
     ``compute_gradients`` and ``apply_gradients``, in a graph or eagerly) is wrapped too:
     its ``compute_gradients`` returns the reduced gradients; ``use_locking`` goes to the
-    wrapper; not with ``backward_passes_per_step`` > 1 or ``op=Adasum``.  See
-    ``BroadcastGlobalVariablesHook``.
+    wrapper; with ``backward_passes_per_step`` k > 1 it sums gradients locally and applies
+    them reduced on every k-th pass (``global_step`` still counts every pass); not with
+    ``op=Adasum``.  See ``BroadcastGlobalVariablesHook``.
     """
     if is_distributed_optimizer(optimizer):
         raise ValueError("hvdlike DistributedOptimizer: this optimizer is already distributed;"
                          " wrap the original optimizer only once.")
     if optimizer_v1.is_v1_optimizer(optimizer):
         return optimizer_v1.distributed_v1(
-            optimizer, use_locking, backward_passes_per_step, compression=compression,
+            optimizer, use_locking, backward_passes_per_step, average_aggregated_gradients,
+            compression=compression,
             sparse_as_dense=sparse_as_dense, op=op,
             gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
             groups=groups, process_set=process_set, name=name,

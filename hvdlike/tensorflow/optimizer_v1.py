@@ -8,7 +8,7 @@ the same ``GradientReducer`` as ``DistributedGradientTape`` (in a graph, each gr
 the engine as soon as backprop has computed it); ``apply_gradients`` is the original one, so
 ``minimize`` works as before.
 """
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -23,30 +23,119 @@ def is_v1_optimizer(optimizer: Any) -> bool:
     return isinstance(optimizer, tf.compat.v1.train.Optimizer)
 
 
+class _Aggregation:
+    """One graph's (or eager mode's) local gradient sums for ``backward_passes_per_step``:
+    local variables (never broadcast, initialised by the session's local init op)."""
+
+    def __init__(self, grads: List[Any]) -> None:
+        with tf.compat.v1.variable_scope("hvdlike_aggregation", reuse=tf.compat.v1.AUTO_REUSE):
+            local = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
+            self.counter = tf.compat.v1.get_variable(
+                "backward_passes", shape=(), dtype=tf.int64, trainable=False,
+                initializer=tf.compat.v1.zeros_initializer(), collections=local)
+            self.sums = [None if g is None else tf.compat.v1.get_variable(
+                f"gradient_sum_{i}", shape=g.shape, dtype=g.dtype, trainable=False,
+                initializer=tf.compat.v1.zeros_initializer(), collections=local)
+                for i, g in enumerate(grads)]
+        self.apply_now: Any = None  # the last compute_gradients' "this pass applies"
+
+
+def _dense(grad: Any) -> Any:
+    return None if grad is None else tf.convert_to_tensor(grad)
+
+
 class DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
     """A ``tf.compat.v1.train.Optimizer`` whose gradients are reduced over ranks."""
 
     def __init__(self, optimizer: Any, reducer: GradientReducer, name: str,
-                 use_locking: bool) -> None:
+                 use_locking: bool, backward_passes_per_step: int = 1,
+                 average_aggregated_gradients: bool = False) -> None:
         super().__init__(use_locking=use_locking, name=name)
         self._optimizer = optimizer
         self._hvd_reducer = reducer
+        self._bpps = backward_passes_per_step
+        self._average_aggregated = average_aggregated_gradients
+        self._aggregations: Dict[Any, _Aggregation] = {}  # per graph (None: eager)
 
     def compute_gradients(self, *args: Any, **kwargs: Any) -> List[Tuple[Any, Any]]:
         """The wrapped optimizer's (gradient, variable) pairs, gradients reduced over ranks
-        (``None`` kept: it must be ``None`` on every rank)."""
+        (``None`` kept: it must be ``None`` on every rank). With ``backward_passes_per_step``
+        k > 1 the gradients are added to local sums, and every k-th call returns the sums
+        reduced (``apply_gradients`` applies only then)."""
         pairs = list(self._optimizer.compute_gradients(*args, **kwargs))
         variables = [v for _, v in pairs]
-        reduced = self._hvd_reducer.reduce([g for g, _ in pairs], variables)
-        return list(zip(reduced, variables))
+        grads = [g for g, _ in pairs]
+        if self._bpps == 1:
+            return list(zip(self._hvd_reducer.reduce(grads, variables), variables))
+        return list(zip(self._aggregate(grads, variables), variables))
+
+    def _aggregate(self, grads: List[Any], variables: List[Any]) -> List[Any]:
+        grads = [_dense(g) for g in grads]  # sparse gradients are summed densely
+        key = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        agg = self._aggregations.get(key)
+        if agg is None:
+            agg = self._aggregations[key] = _Aggregation(grads)
+        adds = [s.assign_add(g) for s, g in zip(agg.sums, grads) if s is not None]
+        with tf.control_dependencies(adds):
+            count = agg.counter.assign_add(1)
+        agg.apply_now = tf.equal(count, self._bpps)
+        present = [i for i, g in enumerate(grads) if g is not None]
+
+        def reduce_and_clear() -> List[Any]:
+            sums = [agg.sums[i].read_value() for i in present]
+            if self._average_aggregated:
+                sums = [g / tf.cast(self._bpps, g.dtype) for g in sums]
+            reduced = self._hvd_reducer.reduce(sums, [variables[i] for i in present])
+            with tf.control_dependencies(reduced):
+                clear = [agg.sums[i].assign(tf.zeros_like(agg.sums[i])) for i in present]
+                clear.append(agg.counter.assign(0))
+            with tf.control_dependencies(clear):
+                return [tf.identity(g) for g in reduced]
+
+        def local_sums() -> List[Any]:  # not applied: any values of the right shapes
+            return [agg.sums[i].read_value() for i in present]
+
+        out = tf.cond(agg.apply_now, reduce_and_clear, local_sums) if present else []
+        out = list(out) if isinstance(out, (list, tuple)) else [out]
+        result: List[Any] = [None] * len(grads)
+        for i, g in zip(present, out):
+            result[i] = g
+        return result
 
     def register_local_var(self, var: Any) -> None:
         """Keep ``var``'s gradient local: not reduced over ranks (divided by the set size
         when ``scale_local_gradients``), as Horovod's ``register_local_var``."""
         self._hvd_reducer.register_local(var)
 
-    def apply_gradients(self, *args: Any, **kwargs: Any) -> Any:
-        return self._optimizer.apply_gradients(*args, **kwargs)
+    def apply_gradients(self, grads_and_vars: Any, global_step: Any = None,
+                        name: Optional[str] = None) -> Any:
+        """The wrapped optimizer's update; with ``backward_passes_per_step`` k > 1 only on
+        every k-th pass (the others just count ``global_step`` up), after
+        ``compute_gradients`` (or ``minimize``) of that pass."""
+        if self._bpps == 1:
+            return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+        key = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        agg = self._aggregations.get(key)
+        if agg is None or agg.apply_now is None:
+            raise RuntimeError(
+                "hvdlike DistributedOptimizer: with backward_passes_per_step > 1, call this "
+                "optimizer's compute_gradients (or minimize) before apply_gradients: it "
+                "decides on which passes the summed gradients are applied.")
+        grads_and_vars = list(grads_and_vars)
+
+        def apply() -> Any:
+            update = self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+            with tf.control_dependencies([update]):
+                return tf.constant(True)
+
+        def count_only() -> Any:
+            if global_step is None:
+                return tf.constant(False)
+            with tf.control_dependencies([global_step.assign_add(1)]):
+                return tf.constant(False)
+
+        applied = tf.cond(agg.apply_now, apply, count_only)
+        return applied if tf.executing_eagerly() else tf.group(applied)
 
     def get_slot(self, *args: Any, **kwargs: Any) -> Any:
         return self._optimizer.get_slot(*args, **kwargs)
@@ -59,14 +148,12 @@ class DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
 
 
 def distributed_v1(optimizer: Any, use_locking: bool, backward_passes_per_step: int,
-                   **reducer_settings: Any) -> Any:
+                   average_aggregated_gradients: bool, **reducer_settings: Any) -> Any:
     """``DistributedOptimizer`` for a ``tf.compat.v1.train.Optimizer``; ``reducer_settings``
     as for ``GradientReducer`` (its ``name`` also names the wrapper)."""
-    if backward_passes_per_step != 1:
-        raise ValueError(
-            "hvdlike DistributedOptimizer: backward_passes_per_step > 1 needs a Keras optimizer "
-            "(keras.optimizers); with a tf.compat.v1 optimizer, sum the gradients of k "
-            "batches yourself and apply them once.")
+    if int(backward_passes_per_step) < 1:
+        raise ValueError("hvdlike DistributedOptimizer: backward_passes_per_step must be >= 1 "
+                         f"(got {backward_passes_per_step}).")
     if as_reduce_op(reducer_settings.get("op")) == _core.Adasum:
         raise ValueError(
             "hvdlike DistributedOptimizer: op=Adasum with a tf.compat.v1 optimizer is not "
@@ -74,7 +161,8 @@ def distributed_v1(optimizer: Any, use_locking: bool, backward_passes_per_step: 
             "Keras optimizer, or DistributedGradientTape(op=Adasum).")
     reducer = GradientReducer(**reducer_settings)
     name = reducer_settings.get("name") or f"Distributed{type(optimizer).__name__}"
-    return DistributedOptimizerV1(optimizer, reducer, name, use_locking)
+    return DistributedOptimizerV1(optimizer, reducer, name, use_locking,
+                                  int(backward_passes_per_step), average_aggregated_gradients)
 
 
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):

@@ -11,6 +11,8 @@ CHECKS = [
     "adam_compute_and_apply_gradients_equals_one_process",
     "without_the_hook_ranks_keep_their_own_starting_values",
     "eager_minimize_with_a_v1_optimizer_equals_one_process",
+    "backward_passes_per_step_sums_locally_and_applies_every_kth_pass_like_one_process",
+    "eager_backward_passes_per_step_applies_every_kth_pass",
     "v1_bad_inputs_give_clear_errors",
 ]
 

@@ -126,10 +126,76 @@ def _():
     assert_close(train(True), train(False), rtol=2e-5, atol=1e-6)
 
 
+def train_passes(passes, distributed, bpps=1, average=False, applied_scale=1.0):
+    """``passes`` passes of Momentum (which, unlike Adam, sees the gradients' scale) in a
+    graph under a MonitoredTrainingSession; distributed: rank 0's values broadcast and
+    ``DistributedOptimizer(backward_passes_per_step=bpps)``; otherwise one process on the
+    global batch applying ``applied_scale`` times the (dense) gradient on every bpps-th pass
+    only. Returns the final values and the global step."""
+    data = batch(hvd.rank()) if distributed else global_batch()
+    with tf.Graph().as_default():
+        loss, var = model(data, initial(0 if not distributed else hvd.rank()))
+        step = v1.train.get_or_create_global_step()
+        opt = v1.train.MomentumOptimizer(0.05, 0.9)
+        if distributed:
+            opt = hvd.DistributedOptimizer(opt, backward_passes_per_step=bpps,
+                                           average_aggregated_gradients=average)
+            pairs = opt.compute_gradients(loss)
+            assert dict((v.name, g) for g, v in pairs)["unused:0"] is None
+            train_op = opt.apply_gradients(pairs, global_step=step)
+            hooks = [hvd.BroadcastGlobalVariablesHook(0)]
+        else:
+            pairs = [(None if g is None else applied_scale * tf.convert_to_tensor(g), v)
+                     for g, v in opt.compute_gradients(loss)]
+            now = tf.equal(step.assign_add(1) % bpps, 0)
+            train_op = tf.cond(now, lambda: tf.group(opt.apply_gradients(pairs)), tf.no_op)
+            hooks = []
+        final = _Final({**var, "step": step})
+        hooks += [v1.train.StopAtStepHook(last_step=passes), final]
+        with v1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+            while not sess.should_stop():
+                sess.run(train_op)
+    return final.values
+
+
+@check("backward_passes_per_step_sums_locally_and_applies_every_kth_pass_like_one_process")
+def _():
+    # 5 passes, k=2: applied after passes 2 and 4, not after 5; the batch is the same on
+    # every pass, so each application is of 2x (or, averaged, 1x) the global-batch gradient
+    for average, scale in [(False, 2.0), (True, 1.0)]:
+        got = train_passes(5, True, bpps=2, average=average)
+        want = train_passes(5, False, bpps=2, applied_scale=scale)
+        assert got["step"] == 5 == want["step"], (got["step"], want["step"])
+        for k in ("w", "b", "emb"):
+            assert_close(got[k], want[k], rtol=2e-5, atol=1e-6, msg=f"{k} average={average}")
+        assert_close(got["unused"], initial(0)["unused"], rtol=0, msg="unused")
+        assert not np.allclose(got["w"], initial(0)["w"]), "nothing was applied"
+
+
+@check("eager_backward_passes_per_step_applies_every_kth_pass")
+def _():
+    x, y, _ = batch(hvd.rank())
+    w = tf.Variable(initial(0)["w"])
+    opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(0.1),
+                                   backward_passes_per_step=3)
+    seen = []
+    for _ in range(6):
+        opt.minimize(lambda: tf.reduce_mean(tf.square(tf.matmul(x, w) - y)), var_list=[w])
+        seen.append(w.numpy().copy())
+    start = initial(0)["w"]
+    assert_close(seen[0], start, rtol=0, msg="pass 1")
+    assert_close(seen[1], start, rtol=0, msg="pass 2")
+    assert not np.allclose(seen[2], start), "pass 3 applied nothing"
+    assert_close(seen[3], seen[2], rtol=0, msg="pass 4")
+    gx, gy, _ = global_batch()  # one application: 3x the global-batch gradient at start
+    grad = 2 * gx.T @ (gx @ start - gy) / len(gx)
+    assert_close(seen[2], start - 0.1 * 3 * grad, rtol=2e-5, atol=1e-6, msg="pass 3")
+
+
 @check("v1_bad_inputs_give_clear_errors")
 def _():
     sgd = v1.train.GradientDescentOptimizer(0.1)
-    for kwargs, text in [(dict(backward_passes_per_step=2), "backward_passes_per_step"),
+    for kwargs, text in [(dict(backward_passes_per_step=0), "backward_passes_per_step"),
                          (dict(op=hvd.Adasum), "op=Adasum with a tf.compat.v1 optimizer")]:
         try:
             hvd.DistributedOptimizer(sgd, **kwargs)
@@ -141,6 +207,13 @@ def _():
         raise AssertionError("wrapped twice: no error")
     except ValueError as e:
         assert "already distributed" in str(e), e
+    w = tf.Variable([1.0])
+    try:
+        hvd.DistributedOptimizer(sgd, backward_passes_per_step=2).apply_gradients(
+            [(tf.constant([1.0]), w)])
+        raise AssertionError("apply_gradients before compute_gradients: no error")
+    except RuntimeError as e:
+        assert "compute_gradients (or minimize) before apply_gradients" in str(e), e
     try:
         hvd.BroadcastGlobalVariablesHook(0).begin()  # eager: no global variables
         raise AssertionError("hook in eager mode: no error")
