@@ -209,8 +209,9 @@ def test_two_hosts_two_ranks_each(cluster, tmp_path, hierarchical):
     for host in (0, 1):
         own = 4 * sum(r["ragged_rows"] for r in results if r["rank"] // 2 == host)
         sent_by_host = results[2 * host]["ragged_sent"]
-        if hierarchical == "1":
-            assert own <= sent_by_host <= 1.1 * own, (host, own, sent_by_host)
+        if hierarchical == "1":  # the link's count includes TCP/IP headers and the ACKs of
+            # what the host receives: about 10% (11.4% once in CI), so 1.25, far below 1.8
+            assert own <= sent_by_host <= 1.25 * own, (host, own, sent_by_host)
         else:
             assert sent_by_host >= 1.8 * own, (host, own, sent_by_host)
 
