@@ -57,8 +57,8 @@ def calls(comm: MPI.Comm, x: np.ndarray, out: np.ndarray) -> Dict[str, Callable[
     if not window.reserve(x.nbytes):
         raise SystemExit("bench_on_node: /dev/shm has no room for the window")
     return {"mpi": lambda: comm.Allreduce(x, out, MPI.SUM),
-            "window": lambda: window.allreduce(x, out, ReduceOp.SUM),
-            "single_copy": lambda: single.allreduce(x, out, ReduceOp.SUM)}
+            "window": lambda: window.allreduce_many([x], [out], ReduceOp.SUM),
+            "single_copy": lambda: single.allreduce_many([x], [out], ReduceOp.SUM)}
 
 
 def timed(comm: MPI.Comm, fn: Callable[[], None], iters: int) -> float:

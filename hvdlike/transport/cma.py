@@ -107,8 +107,8 @@ class _Copier:
 
 class CrossMemoryAllreduce:
     """Blocking all-reduce over ``comm``, whose ranks all run on this node, through
-    cross-memory attach; make one with ``create``. The same interface as the shared-memory
-    window's reducer (``reserve``, ``allreduce``, ``allreduce_many``, ``free``)."""
+    cross-memory attach; make one with ``create``. The engine's interface of the
+    shared-memory window's reducer (``reserve``, ``allreduce_many``, ``free``)."""
 
     across = None  # never hierarchical: that stays on the shared-memory window
 
@@ -154,12 +154,6 @@ class CrossMemoryAllreduce:
     def reserve(self, nbytes: int) -> bool:
         """Always room: nothing is allocated."""
         return True
-
-    def allreduce(self, send: Optional[np.ndarray], recv: np.ndarray, op: ReduceOp,
-                  finish: Optional[Callable[[np.ndarray], None]] = None) -> None:
-        """Reduce ``send`` (or ``recv`` in place when send is None) into ``recv`` on every
-        rank; see ``allreduce_many``."""
-        self.allreduce_many([recv if send is None else send], [recv], op, finish)
 
     def allreduce_many(self, sends: Sequence[np.ndarray], recvs: Sequence[np.ndarray],
                        op: ReduceOp, finish: Optional[Callable[[np.ndarray], None]] = None) -> None:
