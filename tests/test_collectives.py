@@ -23,6 +23,7 @@ CONFIGS = {
     # two pretend nodes of 2 ranks: hierarchical (shared memory inside, MPI across)
     "np4-hier-rounds": (4, None, {**SHM_ROUNDS, "HVDLIKE_NODE_NAMES": "a,a,b,b"}),
     "mpich-np2": (2, None, MPI_ONLY), "mpich-np4-shm-rounds": (4, None, SHM_ROUNDS),
+    "mpich-np4-cma": (4, None, CMA),
     # one rank, and a set of one rank among four: the reduction is a copy per tensor
     "np1": (1, None, {}), "np4-set2": (4, [2], {}),
     # the MPI transport's per-call limit lowered: the path of messages past 2 GiB

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import reference
-from mpi_harness import run_mpi
+from mpi_harness import mpich_prefix, run_mpi
 from shm_cases import inputs
 
 MIB = 1 << 20
@@ -60,20 +60,27 @@ def test_sets_within_one_node_use_shared_memory_and_the_world_on_several_is_hier
     results = run_mpi(4, "shm_cases:who_uses_shared_memory", timeout=120, env=env)
     on = hierarchical == "auto"
     for rank, r in enumerate(results):
-        assert r["global"] == dict(shm=on, hierarchical=on, sum=10.0)
-        if rank in (0, 1):
-            assert r["01"] == dict(shm=True, hierarchical=False, sum=3.0)
+        assert r["global"] == dict(shm=on, hierarchical=on, cma=False, sum=10.0)
+        if rank in (0, 1):  # one node: the window and single copy
+            assert r["01"] == dict(shm=True, hierarchical=False, cma=True, sum=3.0)
         if rank in (1, 2):  # spans nodes a and b, and is not the world: MPI
-            assert r["12"] == dict(shm=False, hierarchical=False, sum=5.0)
-        if rank == 3:
-            assert r["3"] == dict(shm=False, hierarchical=False, sum=4.0)  # nothing to share
+            assert r["12"] == dict(shm=False, hierarchical=False, cma=False, sum=5.0)
+        if rank == 3:  # nothing to share
+            assert r["3"] == dict(shm=False, hierarchical=False, cma=False, sum=4.0)
 
 
 def test_nodes_of_different_sizes_all_reduce_flat():
     results = run_mpi(4, "shm_cases:who_uses_shared_memory", timeout=120,
                       env={"HVDLIKE_NODE_NAMES": "a,a,a,b"})
     for r in results:
-        assert r["global"] == dict(shm=False, hierarchical=False, sum=10.0)
+        assert r["global"] == dict(shm=False, hierarchical=False, cma=False, sum=10.0)
+
+
+def test_under_mpich_one_node_uses_single_copy_too():
+    results = run_mpi(4, "shm_cases:who_uses_shared_memory", timeout=120,
+                      mpi_prefix=mpich_prefix())
+    for r in results:
+        assert r["global"] == dict(shm=True, hierarchical=False, cma=True, sum=10.0)
 
 
 def test_hierarchical_float_sum_is_bitwise_the_same_on_every_rank():
@@ -106,7 +113,7 @@ def test_shared_memory_can_be_turned_off():
     results = run_mpi(4, "shm_cases:who_uses_shared_memory", timeout=120,
                       env={"HVDLIKE_SHM_BUFFER": "0"})
     for r in results:
-        assert r["global"] == dict(shm=False, hierarchical=False, sum=10.0)
+        assert r["global"] == dict(shm=False, hierarchical=False, cma=False, sum=10.0)
 
 
 def test_full_dev_shm_on_one_rank_makes_every_rank_fall_back_to_mpi():

@@ -62,6 +62,7 @@ def who_uses_shared_memory() -> Dict[str, Any]:
             x = np.full(1 << 18, hvd.rank() + 1, np.float32)  # 1 MiB: above the threshold
             out[name] = dict(shm=ps._shm is not None,
                              hierarchical=ps._shm is not None and ps._shm.across is not None,
+                             cma=ps._cma is not None,
                              sum=float(hvd.allreduce(x, op=hvd.Sum, process_set=ps)[0]))
     return out
 
