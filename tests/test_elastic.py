@@ -52,10 +52,17 @@ def _killed_at(output):
     return float(re.search(r"^KILLING rank=\d+ at (\S+)$", output, re.M).group(1))
 
 
-@pytest.mark.parametrize("np_,victim,mode", [(4, 2, "before"), (4, 2, "during"),
-                                             (4, 0, "during"), (2, 1, "before")])
-def test_survivors_finish_from_the_last_commit_with_the_reference_result(np_, victim, mode):
-    job, _ = _run(np_, mode, victim, ["--elastic"])
+SINGLE_COPY = {"HVDLIKE_SHM_THRESHOLD": "0", "HVDLIKE_CMA_THRESHOLD": "0"}
+
+
+@pytest.mark.parametrize("np_,victim,mode,env", [
+    (4, 2, "before", None), (4, 2, "during", None), (4, 0, "during", None),
+    (2, 1, "before", None),
+    (4, 2, "during", SINGLE_COPY),  # the all-reduce the rank dies in goes single-copy
+], ids=["np4-2-before", "np4-2-during", "np4-0-during", "np2-1-before", "np4-2-during-cma"])
+def test_survivors_finish_from_the_last_commit_with_the_reference_result(np_, victim, mode,
+                                                                         env):
+    job, _ = _run(np_, mode, victim, ["--elastic"], env=env)
     assert job.returncode == 0, job.output[-4000:]
     results = _results(job.output)
     assert [r["rank"] for r in results] == list(range(np_ - 1)), job.output[-4000:]
