@@ -182,36 +182,48 @@ def _split_local(MPI: ModuleType, world: Any, node_names: Optional[Sequence[str]
     return world.Split(color=color, key=world.Get_rank())
 
 
-def shared_memory_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
-    """The shared-memory all-reduce for a set of world ``ranks`` (with communicator ``comm``
-    on this member): on one node, over ``comm``; for the whole world on several nodes with
-    the same number of ranks each, hierarchical (over this node's ranks, then across nodes)
-    unless HVDLIKE_HIERARCHICAL_ALLREDUCE=0; otherwise None (one rank, other sets spanning
-    nodes, or HVDLIKE_SHM_BUFFER=0)."""
+def _on_node_layout(ranks: Sequence[int]) -> Optional[str]:
+    """How a set of world ``ranks`` can reduce through memory: ``"node"`` (all on one node),
+    ``"hierarchical"`` (the whole world on several nodes with the same number of ranks each,
+    unless HVDLIKE_HIERARCHICAL_ALLREDUCE=0), or None (one rank, other sets spanning nodes,
+    or HVDLIKE_SHM_BUFFER=0)."""
     st = state()
-    nodes = {st.node_of_rank[r] for r in ranks}
     if len(ranks) < 2 or st.settings.shm_buffer == 0:
         return None
-    from .transport.shm import SharedMemoryAllreduce
-    if len(nodes) == 1:
-        return SharedMemoryAllreduce(comm, st.settings.shm_buffer)
+    if len({st.node_of_rank[r] for r in ranks}) == 1:
+        return "node"
     if (st.settings.hierarchical_allreduce != "0" and len(ranks) == st.size
             and st.homogeneous and st.local_size > 1):
-        return SharedMemoryAllreduce(st.local_comm, st.settings.shm_buffer,
-                                     across=st.cross_comm)
+        return "hierarchical"
     return None
 
 
-def single_copy_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
-    """The single-copy all-reduce (cross-memory attach) for a set of world ``ranks`` on one
-    node, where every member may attach to the others' memory; otherwise None (also for one
-    rank, and with HVDLIKE_CMA=0 or HVDLIKE_SHM_BUFFER=0). Collective over ``comm``."""
+def shared_memory_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
+    """The shared-memory all-reduce for a set of world ``ranks`` (with communicator ``comm``
+    on this member): on one node, over ``comm``; hierarchical over this node's ranks, then
+    across nodes; or None (see ``_on_node_layout``)."""
     st = state()
-    if (len(ranks) < 2 or not st.settings.cma or st.settings.shm_buffer == 0
-            or len({st.node_of_rank[r] for r in ranks}) > 1):
+    layout = _on_node_layout(ranks)
+    if layout is None:
+        return None
+    from .transport.shm import SharedMemoryAllreduce
+    if layout == "node":
+        return SharedMemoryAllreduce(comm, st.settings.shm_buffer)
+    return SharedMemoryAllreduce(st.local_comm, st.settings.shm_buffer, across=st.cross_comm)
+
+
+def single_copy_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
+    """The single-copy all-reduce (cross-memory attach) for the same sets and layouts as
+    ``shared_memory_reducer``, where every member may attach to its node's other members'
+    memory; otherwise None (also with HVDLIKE_CMA=0). Collective over the set."""
+    st = state()
+    layout = _on_node_layout(ranks) if st.settings.cma else None
+    if layout is None:
         return None
     from .transport.cma import CrossMemoryAllreduce
-    return CrossMemoryAllreduce.create(comm)
+    if layout == "node":
+        return CrossMemoryAllreduce.create(comm)
+    return CrossMemoryAllreduce.create(st.local_comm, across=st.cross_comm)
 
 
 def _install_abort_hook(st: _State) -> None:

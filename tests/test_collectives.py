@@ -22,6 +22,8 @@ CONFIGS = {
     "np2-cma": (2, None, CMA), "np4-cma": (4, None, CMA), "np4-set12-cma": (4, [1, 2], CMA),
     # two pretend nodes of 2 ranks: hierarchical (shared memory inside, MPI across)
     "np4-hier-rounds": (4, None, {**SHM_ROUNDS, "HVDLIKE_NODE_NAMES": "a,a,b,b"}),
+    "np4-hier-cma": (4, None, {**CMA, "HVDLIKE_NODE_NAMES": "a,a,b,b",
+                               "HVDLIKE_HIERARCHICAL_ALLREDUCE": "1"}),
     "mpich-np2": (2, None, MPI_ONLY), "mpich-np4-shm-rounds": (4, None, SHM_ROUNDS),
     "mpich-np4-cma": (4, None, CMA),
     # one rank, and a set of one rank among four: the reduction is a copy per tensor

@@ -60,7 +60,7 @@ def test_sets_within_one_node_use_shared_memory_and_the_world_on_several_is_hier
     results = run_mpi(4, "shm_cases:who_uses_shared_memory", timeout=120, env=env)
     on = hierarchical == "auto"
     for rank, r in enumerate(results):
-        assert r["global"] == dict(shm=on, hierarchical=on, cma=False, sum=10.0)
+        assert r["global"] == dict(shm=on, hierarchical=on, cma=on, sum=10.0)
         if rank in (0, 1):  # one node: the window and single copy
             assert r["01"] == dict(shm=True, hierarchical=False, cma=True, sum=3.0)
         if rank in (1, 2):  # spans nodes a and b, and is not the world: MPI
@@ -83,9 +83,11 @@ def test_under_mpich_one_node_uses_single_copy_too():
         assert r["global"] == dict(shm=True, hierarchical=False, cma=True, sum=10.0)
 
 
-def test_hierarchical_float_sum_is_bitwise_the_same_on_every_rank():
+@pytest.mark.parametrize("env", [{"HVDLIKE_CMA_THRESHOLD": "0"}, WINDOW], ids=["cma", "window"])
+def test_hierarchical_float_sum_is_bitwise_the_same_on_every_rank(env):
     results = run_mpi(4, "shm_cases:identical_bits", timeout=120, nbytes=3 * MIB + 4,
-                      env={"HVDLIKE_NODE_NAMES": "a,a,b,b"})
+                      env={"HVDLIKE_NODE_NAMES": "a,a,b,b", "HVDLIKE_HIERARCHICAL_ALLREDUCE": "1",
+                           **env})
     assert all(r["close"] for r in results)
     assert len({r["digest"] for r in results}) == 1
 
@@ -121,9 +123,12 @@ def test_full_dev_shm_on_one_rank_makes_every_rank_fall_back_to_mpi():
         assert r == dict(first=3.0, again=3.0, capacity=0, no_room=True)
 
 
-def test_a_rank_that_may_not_attach_makes_every_rank_use_the_window():
-    for r in run_mpi(4, "shm_cases:cma_refused_on_last_rank", timeout=120,
-                     env={"HVDLIKE_CMA_THRESHOLD": "0"}):
+@pytest.mark.parametrize("nodes", [None, "a,a,b,b"], ids=["one-node", "hierarchical"])
+def test_a_rank_that_may_not_attach_makes_every_rank_use_the_window(nodes):
+    # hierarchical: only node b's last rank is refused, and node a must not go single-copy
+    env = {"HVDLIKE_CMA_THRESHOLD": "0", "HVDLIKE_HIERARCHICAL_ALLREDUCE": "1",
+           **({"HVDLIKE_NODE_NAMES": nodes} if nodes else {})}
+    for r in run_mpi(4, "shm_cases:cma_refused_on_last_rank", timeout=120, env=env):
         assert r == dict(cma=False, sum=10.0, capacity=4 * MIB)
 
 

@@ -21,10 +21,15 @@ HVDLIKE_CMA_THRESHOLD) and on 4 KiB pages slower than on huge ones.
 Each chunk is computed by one rank and copied to the others, so every rank gets the same bits,
 and in rank order, so they equal a rank-ordered NumPy reduction.
 
+Hierarchical (``across``, the world on several nodes): rank r reduces chunk r over its node
+as above, all-reduces it with the ranks of equal local rank on the other nodes (MPI), then
+writes it to its node's peers; the shared-memory window's hierarchical path, single-copy.
+
 The kernel allows these calls only where this process may ptrace the peer (same user, and no
 Yama restriction or seccomp filter in the way): ``create`` tries a read and a write between
 every pair of neighbours and returns None on every rank unless all of them worked, and the
-caller then uses the shared-memory window.
+caller then uses the shared-memory window (hierarchical: on every node, so that the nodes'
+ranks meet in the same cross-node calls).
 """
 import ctypes
 import os
@@ -108,13 +113,20 @@ class _Copier:
 class CrossMemoryAllreduce:
     """Blocking all-reduce over ``comm``, whose ranks all run on this node, through
     cross-memory attach; make one with ``create``. The engine's interface of the
-    shared-memory window's reducer (``reserve``, ``allreduce_many``, ``free``)."""
+    shared-memory window's reducer (``reserve``, ``allreduce_many``, ``free``).
 
-    across = None  # never hierarchical: that stays on the shared-memory window
+    ``across``: the communicator of this rank and the ranks of equal local rank on the other
+    nodes (every node with the same number of ranks), for a hierarchical all-reduce: rank r
+    reduces chunk r over its node, all-reduces it with ``across`` (MPI, over the network),
+    then writes it to its node's peers, as the window's hierarchical path does."""
 
-    def __init__(self, comm: Any, pids: Sequence[int]) -> None:
+    def __init__(self, comm: Any, pids: Sequence[int], across: Any = None) -> None:
         assert _CALLS is not None
         self._comm = comm
+        self.across = across
+        if across is not None:
+            from .mpi import allreduce  # here: importing it sets MPI's environment defaults
+            self._allreduce_across = allreduce
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         self._pids = list(pids)
         self._read, self._write = _Copier(_CALLS[0]), _Copier(_CALLS[1])
@@ -122,9 +134,10 @@ class CrossMemoryAllreduce:
         self._flag = np.zeros(1, np.int32)
 
     @classmethod
-    def create(cls, comm: Any) -> Optional["CrossMemoryAllreduce"]:
-        """Collective over ``comm``: the reducer on every rank when every rank can read and
-        write its neighbour's memory, otherwise None on every rank."""
+    def create(cls, comm: Any, across: Any = None) -> Optional["CrossMemoryAllreduce"]:
+        """Collective over ``comm`` (and ``across``): the reducer on every rank when every
+        rank can read and write its neighbour's memory (on every node), otherwise None on
+        every rank."""
         me, size = comm.Get_rank(), comm.Get_size()
         token = np.frombuffer(os.urandom(8), np.uint64).copy()  # proves the right process
         landing = np.zeros(1, np.uint64)
@@ -147,9 +160,11 @@ class CrossMemoryAllreduce:
         comm.Allreduce(MPI.IN_PLACE, flag, MPI.MIN)  # every write has landed, too
         flag[0] = int(bool(flag[0]) and landing[0] == table[prev, 3])
         comm.Allreduce(MPI.IN_PLACE, flag, MPI.MIN)
+        if across is not None:  # every node takes this path, or none: they meet in across
+            across.Allreduce(MPI.IN_PLACE, flag, MPI.MIN)
         if not flag[0]:
             return None
-        return cls(comm, [int(p) for p in table[:, 0]])
+        return cls(comm, [int(p) for p in table[:, 0]], across)
 
     def reserve(self, nbytes: int) -> bool:
         """Always room: nothing is allocated."""
@@ -173,6 +188,8 @@ class CrossMemoryAllreduce:
         failure: Optional[Exception] = None
         try:
             self._reduce_my_chunk(data, out, table, op, finish)
+        except MPI.Exception:
+            raise  # from ``across``: the engine handles MPI failures (a dead rank: ULFM)
         except Exception as e:  # noqa: BLE001 - a peer died, the kernel refused, a bug:
             failure = e  # every rank must hear of it, or the others wait below forever
         self._flag[0] = int(failure is None)
@@ -201,6 +218,7 @@ class CrossMemoryAllreduce:
         scratch = self._scratch
         base = scratch.ctypes.data
         mine = [int(x) for x in table[me, arrays:]]  # this rank's outputs
+        across = self.across is not None
         for a in range(lo, hi, piece):
             b = min(a + piece, hi)
             spans = list(data.spans(a, b, base=a))  # (array, start, stop, offset in piece)
@@ -224,11 +242,33 @@ class CrossMemoryAllreduce:
                 ufunc(sources[0], sources[1], out=dst)
                 for src in sources[2:]:
                     ufunc(dst, src, out=dst)
-                if finish is not None:
+                if finish is not None and not across:
                     finish(dst)
-            for p in range(size):
-                if p != me:
-                    self._write(self._pids[p], [
-                        (mine[i] + s * item, int(table[p, arrays + i]) + s * item,
-                         (e - s) * item)
-                        for i, s, e, at in spans])
+            if not across:
+                self._send(table, mine, spans, item)
+        if across:  # this node's sum of chunk r, summed over the nodes, then sent
+            spans = list(out.spans(lo, hi, base=lo))
+            if len(spans) == 1:
+                i, s, e, _ = spans[0]
+                chunk = out.arrays[i][s:e]
+            else:
+                chunk = np.empty(hi - lo, dtype)
+                for i, s, e, at in spans:
+                    chunk[at:at + e - s] = out.arrays[i][s:e]
+            self._allreduce_across(self.across, None, chunk, op)
+            if finish is not None:
+                finish(chunk)
+            if len(spans) > 1:
+                for i, s, e, at in spans:
+                    out.arrays[i][s:e] = chunk[at:at + e - s]
+            self._send(table, mine, spans, item)
+
+    def _send(self, table: np.ndarray, mine: List[int], spans: List[Tuple[int, int, int, int]],
+              item: int) -> None:
+        """Write ``spans`` of this rank's outputs (at ``mine``) into every peer's outputs."""
+        arrays = len(mine)
+        for p in range(self._size):
+            if p != self._rank:
+                self._write(self._pids[p], [
+                    (mine[i] + s * item, int(table[p, arrays + i]) + s * item, (e - s) * item)
+                    for i, s, e, _ in spans])
