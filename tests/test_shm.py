@@ -132,11 +132,13 @@ def test_a_rank_that_may_not_attach_makes_every_rank_use_the_window(nodes):
         assert r == dict(cma=False, sum=10.0, capacity=4 * MIB)
 
 
+@pytest.mark.parametrize("nodes", [None, "a,a,b,b"], ids=["one-node", "hierarchical"])
 @pytest.mark.parametrize("how", ["copy", "error"])
 def test_a_single_copy_failing_on_one_rank_is_an_error_on_every_rank_and_the_next_call_works(
-        how):
-    results = run_mpi(4, "shm_cases:cma_fails_on_last_rank", timeout=120, how=how,
-                      env={"HVDLIKE_CMA_THRESHOLD": "0"})
+        how, nodes):
+    env = {"HVDLIKE_CMA_THRESHOLD": "0", "HVDLIKE_HIERARCHICAL_ALLREDUCE": "1",
+           **({"HVDLIKE_NODE_NAMES": nodes} if nodes else {})}
+    results = run_mpi(4, "shm_cases:cma_fails_on_last_rank", timeout=120, how=how, env=env)
     for rank, r in enumerate(results):
         assert r["after"] == 10.0
         where = "this" if rank == 3 else "another"

@@ -185,15 +185,30 @@ class CrossMemoryAllreduce:
         where = np.array([a.ctypes.data for a in data.arrays + out.arrays], np.uint64)
         table = np.empty((self._size, where.size), np.uint64)
         self._comm.Allgather(where, table)
+        q, extra = divmod(out.size, self._size)  # this rank's chunk: elements [lo, hi)
+        lo = self._rank * q + min(self._rank, extra)
+        hi = lo + q + (1 if self._rank < extra else 0)
         failure: Optional[Exception] = None
-        try:
-            self._reduce_my_chunk(data, out, table, op, finish)
-        except MPI.Exception:
-            raise  # from ``across``: the engine handles MPI failures (a dead rank: ULFM)
-        except Exception as e:  # noqa: BLE001 - a peer died, the kernel refused, a bug:
-            failure = e  # every rank must hear of it, or the others wait below forever
+        try:  # a peer died, the kernel refused, a bug: every rank must hear of it below
+            self._reduce_pieces(data, out, table, op, lo, hi,
+                                None if self.across is not None else finish)
+        except Exception as e:  # noqa: BLE001 - reported on every rank below
+            failure = e
+        if self.across is not None:  # this node's sum of chunk r, summed over the nodes
+            chunk = self._gather(out, lo, hi)
+            # even after a failure: the ranks of this local rank on other nodes wait for it
+            self._allreduce_across(self.across, None, chunk, op)
+            if failure is None:
+                try:
+                    if finish is not None:
+                        finish(chunk)
+                    self._send(table, out, lo, hi, chunk)
+                except Exception as e:  # noqa: BLE001 - reported on every rank below
+                    failure = e
         self._flag[0] = int(failure is None)
         self._comm.Allreduce(MPI.IN_PLACE, self._flag, MPI.MIN)
+        if self.across is not None:  # every node's outcome, on every node
+            self.across.Allreduce(MPI.IN_PLACE, self._flag, MPI.MIN)
         if not self._flag[0]:
             raise CopyFailed(
                 getattr(failure, "errno", None) or 0,
@@ -207,18 +222,16 @@ class CrossMemoryAllreduce:
 
     # ------------------------------------------------------------------ internals
 
-    def _reduce_my_chunk(self, data: _Segments, out: _Segments, table: np.ndarray,
-                         op: ReduceOp, finish: Optional[Callable[[np.ndarray], None]]) -> None:
+    def _reduce_pieces(self, data: _Segments, out: _Segments, table: np.ndarray,
+                       op: ReduceOp, lo: int, hi: int,
+                       finish: Optional[Callable[[np.ndarray], None]]) -> None:
+        """Reduce elements [lo, hi) over this node's ranks into this rank's outputs, piece by
+        piece; unless hierarchical, finish each piece and write it into the peers' outputs."""
         me, size, dtype, ufunc = self._rank, self._size, out.dtype, _UFUNCS[op]
-        item, arrays = dtype.itemsize, len(data.arrays)
-        q, extra = divmod(out.size, size)
-        lo = me * q + min(me, extra)
-        hi = lo + q + (1 if me < extra else 0)
+        item = dtype.itemsize
         piece = max(1, _PIECE // item)
         scratch = self._scratch
         base = scratch.ctypes.data
-        mine = [int(x) for x in table[me, arrays:]]  # this rank's outputs
-        across = self.across is not None
         for a in range(lo, hi, piece):
             b = min(a + piece, hi)
             spans = list(data.spans(a, b, base=a))  # (array, start, stop, offset in piece)
@@ -242,33 +255,39 @@ class CrossMemoryAllreduce:
                 ufunc(sources[0], sources[1], out=dst)
                 for src in sources[2:]:
                     ufunc(dst, src, out=dst)
-                if finish is not None and not across:
+                if finish is not None:
                     finish(dst)
-            if not across:
-                self._send(table, mine, spans, item)
-        if across:  # this node's sum of chunk r, summed over the nodes, then sent
-            spans = list(out.spans(lo, hi, base=lo))
-            if len(spans) == 1:
-                i, s, e, _ = spans[0]
-                chunk = out.arrays[i][s:e]
-            else:
-                chunk = np.empty(hi - lo, dtype)
-                for i, s, e, at in spans:
-                    chunk[at:at + e - s] = out.arrays[i][s:e]
-            self._allreduce_across(self.across, None, chunk, op)
-            if finish is not None:
-                finish(chunk)
-            if len(spans) > 1:
-                for i, s, e, at in spans:
-                    out.arrays[i][s:e] = chunk[at:at + e - s]
-            self._send(table, mine, spans, item)
+            if self.across is None:
+                self._send(table, out, a, b)
 
-    def _send(self, table: np.ndarray, mine: List[int], spans: List[Tuple[int, int, int, int]],
-              item: int) -> None:
-        """Write ``spans`` of this rank's outputs (at ``mine``) into every peer's outputs."""
-        arrays = len(mine)
+    @staticmethod
+    def _gather(out: _Segments, lo: int, hi: int) -> np.ndarray:
+        """Elements [lo, hi) of the outputs as one contiguous array: a view when they lie in
+        one output, else a copy."""
+        spans = list(out.spans(lo, hi, base=lo))
+        if len(spans) == 1:
+            i, s, e, _ = spans[0]
+            return out.arrays[i][s:e]
+        chunk = np.empty(hi - lo, out.dtype)
+        for i, s, e, at in spans:
+            chunk[at:at + e - s] = out.arrays[i][s:e]
+        return chunk
+
+    def _send(self, table: np.ndarray, out: _Segments, lo: int, hi: int,
+              chunk: Optional[np.ndarray] = None) -> None:
+        """Write elements [lo, hi) of this rank's outputs into every peer's outputs; from
+        ``chunk`` (their values, contiguous) when it is given, which also goes into this
+        rank's own outputs first."""
+        arrays, item = len(out.arrays), out.itemsize
+        spans = list(out.spans(lo, hi, base=lo))
+        if chunk is not None:
+            for i, s, e, at in spans:
+                if not np.may_share_memory(out.arrays[i][s:e], chunk):
+                    out.arrays[i][s:e] = chunk[at:at + e - s]
+        mine = table[self._rank, arrays:]
         for p in range(self._size):
             if p != self._rank:
                 self._write(self._pids[p], [
-                    (mine[i] + s * item, int(table[p, arrays + i]) + s * item, (e - s) * item)
+                    (int(mine[i]) + s * item, int(table[p, arrays + i]) + s * item,
+                     (e - s) * item)
                     for i, s, e, _ in spans])

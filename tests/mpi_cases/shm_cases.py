@@ -142,13 +142,13 @@ def cma_fails_on_last_rank(how: str) -> Dict[str, Any]:
         else:
             def broken(*args: Any) -> None:
                 raise ValueError("a bug in the reduction")
-            reducer._reduce_my_chunk = broken
+            reducer._reduce_pieces = broken
     try:
         hvd.allreduce(x, op=hvd.Sum, name="fails")
         error = None
     except cma.CopyFailed as e:
         error = str(e)
-    reducer.__dict__.pop("_reduce_my_chunk", None)
+    reducer.__dict__.pop("_reduce_pieces", None)
     reducer._write = cma._Copier(cma._CALLS[1])
     return dict(error=error, after=float(hvd.allreduce(x, op=hvd.Sum, name="after")[0]))
 
