@@ -33,7 +33,7 @@ ranks meet in the same cross-node calls).
 """
 import ctypes
 import os
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
