@@ -25,6 +25,14 @@ def overlap_enabled() -> bool:
     return _runtime.state("overlapping gradient reduction").settings.overlap
 
 
+def backward_passes(value: Any) -> int:
+    """``backward_passes_per_step`` as an int, or a ValueError saying what was wrong."""
+    if int(value) < 1:
+        raise ValueError("hvdlike DistributedOptimizer: backward_passes_per_step must be >= 1 "
+                         f"(got {value}).")
+    return int(value)
+
+
 def variable_key(v: Any) -> Any:
     """A hashable identity for a TF variable (``ref()``) or a Keras 3 variable (its id)."""
     return v.ref() if hasattr(v, "ref") else id(v)

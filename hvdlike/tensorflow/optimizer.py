@@ -13,7 +13,7 @@ from hvdlike import Average, Min
 
 from hvdlike.tensorflow import compat, ops, optimizer_v1
 from hvdlike.tensorflow.compression import Compression
-from hvdlike.tensorflow.gradients import GradientReducer
+from hvdlike.tensorflow.gradients import GradientReducer, backward_passes
 
 
 class _AccumulationState:
@@ -38,9 +38,7 @@ class _DistributedMixin:
                        average_aggregated_gradients=False, num_groups=0, groups=None,
                        process_set=_core.global_process_set, scale_local_gradients=True,
                        name=None):
-        if int(backward_passes_per_step) < 1:
-            raise ValueError("hvdlike DistributedOptimizer: backward_passes_per_step must be "
-                             f">= 1 (got {backward_passes_per_step}).")
+        bpps = backward_passes(backward_passes_per_step)
         reducer = GradientReducer(compression=compression, sparse_as_dense=sparse_as_dense,
                                   op=op, gradient_predivide_factor=gradient_predivide_factor,
                                   num_groups=num_groups, groups=groups,
@@ -48,7 +46,7 @@ class _DistributedMixin:
                                   owner="DistributedOptimizer",
                                   scale_local_gradients=scale_local_gradients)
         object.__setattr__(self, "_hvd_reducer", reducer)
-        object.__setattr__(self, "_hvd_bpps", int(backward_passes_per_step))
+        object.__setattr__(self, "_hvd_bpps", bpps)
         object.__setattr__(self, "_hvd_average_aggregated", bool(average_aggregated_gradients))
         object.__setattr__(self, "_hvd_acc", _AccumulationState())
 

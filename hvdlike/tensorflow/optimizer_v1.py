@@ -16,7 +16,7 @@ import hvdlike as _core
 from hvdlike.reduce_ops import as_reduce_op
 
 from hvdlike.tensorflow.functions import broadcast_variables
-from hvdlike.tensorflow.gradients import GradientReducer
+from hvdlike.tensorflow.gradients import GradientReducer, backward_passes
 
 
 def is_v1_optimizer(optimizer: Any) -> bool:
@@ -42,6 +42,11 @@ class _Aggregation:
 
 def _dense(grad: Any) -> Any:
     return None if grad is None else tf.convert_to_tensor(grad)
+
+
+def _graph_key() -> Any:
+    """What an aggregation belongs to: the default graph, or None when eager."""
+    return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
 
 
 class DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
@@ -71,10 +76,9 @@ class DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
 
     def _aggregate(self, grads: List[Any], variables: List[Any]) -> List[Any]:
         grads = [_dense(g) for g in grads]  # sparse gradients are summed densely
-        key = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        agg = self._aggregations.get(key)
+        agg = self._aggregations.get(_graph_key())
         if agg is None:
-            agg = self._aggregations[key] = _Aggregation(grads)
+            agg = self._aggregations[_graph_key()] = _Aggregation(grads)
         adds = [s.assign_add(g) for s, g in zip(agg.sums, grads) if s is not None]
         with tf.control_dependencies(adds):
             count = agg.counter.assign_add(1)
@@ -114,8 +118,7 @@ class DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
         ``compute_gradients`` (or ``minimize``) of that pass."""
         if self._bpps == 1:
             return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
-        key = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        agg = self._aggregations.get(key)
+        agg = self._aggregations.get(_graph_key())
         if agg is None or agg.apply_now is None:
             raise RuntimeError(
                 "hvdlike DistributedOptimizer: with backward_passes_per_step > 1, call this "
@@ -151,9 +154,7 @@ def distributed_v1(optimizer: Any, use_locking: bool, backward_passes_per_step: 
                    average_aggregated_gradients: bool, **reducer_settings: Any) -> Any:
     """``DistributedOptimizer`` for a ``tf.compat.v1.train.Optimizer``; ``reducer_settings``
     as for ``GradientReducer`` (its ``name`` also names the wrapper)."""
-    if int(backward_passes_per_step) < 1:
-        raise ValueError("hvdlike DistributedOptimizer: backward_passes_per_step must be >= 1 "
-                         f"(got {backward_passes_per_step}).")
+    bpps = backward_passes(backward_passes_per_step)
     if as_reduce_op(reducer_settings.get("op")) == _core.Adasum:
         raise ValueError(
             "hvdlike DistributedOptimizer: op=Adasum with a tf.compat.v1 optimizer is not "
@@ -161,8 +162,8 @@ def distributed_v1(optimizer: Any, use_locking: bool, backward_passes_per_step: 
             "Keras optimizer, or DistributedGradientTape(op=Adasum).")
     reducer = GradientReducer(**reducer_settings)
     name = reducer_settings.get("name") or f"Distributed{type(optimizer).__name__}"
-    return DistributedOptimizerV1(optimizer, reducer, name, use_locking,
-                                  int(backward_passes_per_step), average_aggregated_gradients)
+    return DistributedOptimizerV1(optimizer, reducer, name, use_locking, bpps,
+                                  average_aggregated_gradients)
 
 
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):

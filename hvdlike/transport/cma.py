@@ -33,7 +33,7 @@ ranks meet in the same cross-node calls).
 """
 import ctypes
 import os
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -131,6 +131,7 @@ class CrossMemoryAllreduce:
         self._pids = list(pids)
         self._read, self._write = _Copier(_CALLS[0]), _Copier(_CALLS[1])
         self._scratch = np.empty((self._size + 1) * _PIECE, np.uint8)
+        self._chunk = np.empty(0, np.uint8)  # hierarchical: a chunk spread over outputs
         self._flag = np.zeros(1, np.int32)
 
     @classmethod
@@ -195,14 +196,18 @@ class CrossMemoryAllreduce:
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             failure = e
         if self.across is not None:  # this node's sum of chunk r, summed over the nodes
-            chunk = self._gather(out, lo, hi)
+            spans = list(out.spans(lo, hi, base=lo))
+            chunk = self._gather(out, spans, hi - lo)
             # even after a failure: the ranks of this local rank on other nodes wait for it
             self._allreduce_across(self.across, None, chunk, op)
             if failure is None:
                 try:
                     if finish is not None:
                         finish(chunk)
-                    self._send(table, out, lo, hi, chunk)
+                    if len(spans) > 1:  # else chunk is a view of the output
+                        for i, s, e, at in spans:
+                            out.arrays[i][s:e] = chunk[at:at + e - s]
+                    self._send(table, out, spans)
                 except Exception as e:  # noqa: BLE001 - reported on every rank below
                     failure = e
         self._flag[0] = int(failure is None)
@@ -258,32 +263,26 @@ class CrossMemoryAllreduce:
                 if finish is not None:
                     finish(dst)
             if self.across is None:
-                self._send(table, out, a, b)
+                self._send(table, out, spans)
 
-    @staticmethod
-    def _gather(out: _Segments, lo: int, hi: int) -> np.ndarray:
-        """Elements [lo, hi) of the outputs as one contiguous array: a view when they lie in
-        one output, else a copy."""
-        spans = list(out.spans(lo, hi, base=lo))
+    def _gather(self, out: _Segments, spans: List[Tuple[int, int, int, int]],
+                n: int) -> np.ndarray:
+        """The ``n`` output elements of ``spans`` as one contiguous array: a view when they
+        lie in one output, else a copy in a buffer reused from call to call."""
         if len(spans) == 1:
             i, s, e, _ = spans[0]
             return out.arrays[i][s:e]
-        chunk = np.empty(hi - lo, out.dtype)
+        if self._chunk.nbytes < n * out.itemsize:
+            self._chunk = np.empty(n * out.itemsize, np.uint8)
+        chunk = self._chunk[:n * out.itemsize].view(out.dtype)
         for i, s, e, at in spans:
             chunk[at:at + e - s] = out.arrays[i][s:e]
         return chunk
 
-    def _send(self, table: np.ndarray, out: _Segments, lo: int, hi: int,
-              chunk: Optional[np.ndarray] = None) -> None:
-        """Write elements [lo, hi) of this rank's outputs into every peer's outputs; from
-        ``chunk`` (their values, contiguous) when it is given, which also goes into this
-        rank's own outputs first."""
+    def _send(self, table: np.ndarray, out: _Segments,
+              spans: List[Tuple[int, int, int, int]]) -> None:
+        """Write ``spans`` of this rank's outputs into every peer's outputs."""
         arrays, item = len(out.arrays), out.itemsize
-        spans = list(out.spans(lo, hi, base=lo))
-        if chunk is not None:
-            for i, s, e, at in spans:
-                if not np.may_share_memory(out.arrays[i][s:e], chunk):
-                    out.arrays[i][s:e] = chunk[at:at + e - s]
         mine = table[self._rank, arrays:]
         for p in range(self._size):
             if p != self._rank:
