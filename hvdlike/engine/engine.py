@@ -45,6 +45,7 @@ _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
 _SPIN_SECONDS = 50e-6  # busy-test an exchange this long before sleeping between tests
 _MAX_SLEEP = 200e-6
 NONAME_NAMES = 256  # unnamed requests cycle through this many names
+_NONAMES = tuple(f"noname.{k}" for k in range(NONAME_NAMES))
 _GENERAL = object()  # Engine._direct's answer: take the general path (submit, wait)
 
 
@@ -125,9 +126,7 @@ class Engine:
                 raise RuntimeError(f"hvdlike.{request.kind}: hvdlike is shutting down on this "
                                    "rank; no more collectives can be submitted")
             if request.name is None:
-                k = self._noname.get(process_set.process_set_id, 0)
-                self._noname[process_set.process_set_id] = k + 1
-                request = request._replace(name=f"noname.{k % NONAME_NAMES}")
+                request = self._named(request, process_set.process_set_id)
             self._queue.append(Entry(request, error, inputs, process_set, handle))
             if wake:
                 self._cv.notify()
@@ -163,9 +162,7 @@ class Engine:
         set_id = process_set.process_set_id
         if request.name is None:
             with self._qlock:
-                k = self._noname.get(set_id, 0)
-                self._noname[set_id] = k + 1
-            request = request._replace(name=f"noname.{k % NONAME_NAMES}")
+                request = self._named(request, set_id)
         position = self._neg.cached((set_id, request.name), request)
         if position is None:  # new to the response cache: announced by the general path
             return self.submit(request, None, inputs, process_set, wake=False)
@@ -187,11 +184,14 @@ class Engine:
         # of the sets this rank is in, that can only be this one
         self._round_no += 1
         self._last_round = time.monotonic()
-        if not all(rows.bits[r] & bit for r in process_set.ranks):
+        if rows.same:  # every rank has this request pending and nothing else
+            self._busy = False
+        elif not all(rows.bits[r] & bit for r in process_set.ranks):
             self._busy = True
             self._productive, self._stuck = False, rows.waiting == self._st.size
             return self._pend(request, inputs, process_set, position).handle
-        self._busy = any(b != bit for b in rows.bits)  # work left somewhere after this round
+        else:
+            self._busy = any(b != bit for b in rows.bits)  # work left somewhere after this
         self._productive, self._stuck = True, False
         self.direct_runs += 1
         try:
@@ -203,6 +203,12 @@ class Engine:
                 self._fail(exc)
                 raise self.failure or exc
             raise
+
+    def _named(self, request: Request, set_id: int) -> Request:
+        """``request`` (unnamed) with the set's next unnamed name (``_qlock`` held)."""
+        k = self._noname.get(set_id, 0)
+        self._noname[set_id] = k + 1
+        return Request(request.kind, _NONAMES[k % NONAME_NAMES], *request[2:])
 
     def _pend(self, request: Request, inputs: Any, process_set: Any, position: int) -> Entry:
         """``request``, carried in the row of the round that just ran, pending from now on."""

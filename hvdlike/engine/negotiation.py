@@ -37,6 +37,7 @@ class Rows(NamedTuple):
     waiting: int  # how many ranks had something pending (or had joined)
     stalled: bool  # some rank has waited past the stall shutdown time
     joined_any: bool  # some rank has joined
+    same: bool = False  # every rank sent the same row
 
 
 class Announcement(NamedTuple):
@@ -83,6 +84,11 @@ class Negotiation:
         self._row = bytearray(self.row_bytes)
         self.row_array = np.frombuffer(self._row, np.int64)
         self.rows = np.empty((size, self.row_bytes // 8), np.int64)
+        # what the row holds now, and that row repeated once per rank: the rows of a round
+        # in which every rank has the same requests pending (the steady state of a training
+        # step) equal it, and are known without reading them
+        self._row_fields: Tuple = ()
+        self._row_bytes = b""
 
     # ------------------------------------------------------------------ this rank's row
 
@@ -94,15 +100,29 @@ class Negotiation:
     def row(self, bits: int, announcing: int, joined_round: int, stop: bool,
             stalled: bool) -> np.ndarray:
         """This rank's row: header, then ``bits`` (its pending cache positions)."""
-        row = self._row
-        _HEADER.pack_into(row, 0, announcing, joined_round, int(stop), len(self._cache),
-                          int(stalled))
-        row[HEADER * 8:] = bits.to_bytes(self.words * 8, "little")
+        fields = (bits, announcing, joined_round, stop, len(self._cache), stalled)
+        if fields != self._row_fields:  # a repeating step sends the same row round after round
+            row = self._row
+            _HEADER.pack_into(row, 0, announcing, joined_round, int(stop), fields[4],
+                              int(stalled))
+            row[HEADER * 8:] = bits.to_bytes(self.words * 8, "little")
+            self._row_fields, self._row_bytes = fields, bytes(row) * self.size
         return self.row_array
 
     def parse(self, rows: np.ndarray) -> Rows:
         """The gathered rows (one per rank) as Python values."""
         raw = rows.tobytes()
+        if raw == self._row_bytes:  # every rank sent this rank's row: no need to read them
+            bits, announcing, joined_round, stop, _, stalled = self._row_fields
+            n, joined = self.size, joined_round >= 0
+            self.last_rows = Rows(announcing > 0, [joined_round] * n, bool(stop), [bits] * n,
+                                  n if announcing or bits or joined else 0, bool(stalled),
+                                  joined, True)
+        else:
+            self.last_rows = self._parse(raw)
+        return self.last_rows
+
+    def _parse(self, raw: bytes) -> Rows:
         step, at = self.row_bytes, HEADER * 8
         unpack, from_bytes = _HEADER.unpack_from, int.from_bytes
         announced, stopping, waiting, stalled, joined_any = False, True, 0, False, False
@@ -117,8 +137,7 @@ class Negotiation:
             waiting += bool(announcing or mine or joined_round >= 0)
             joined.append(joined_round)
             bits.append(mine)
-        self.last_rows = Rows(announced, joined, stopping, bits, waiting, stalled, joined_any)
-        return self.last_rows
+        return Rows(announced, joined, stopping, bits, waiting, stalled, joined_any)
 
     # ------------------------------------------------------------------ every rank alike
 
