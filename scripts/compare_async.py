@@ -65,13 +65,13 @@ def driver(args):
     runs = []
     # a first job pays for cold caches (the first training run here took up to 2x as long),
     # which would skew the slowed worker's delay: run one and drop it
-    warm = run_job(args, "sync", 1, configs[0][1], 0)
+    warm = {} if args.no_warmup else run_job(args, "sync", 1, configs[0][1], 0)
     for servers, workers in configs:
         base = run_job(args, "sync", servers, workers, 0)
         runs.append(base)
         # this machine has slow phases: the faster of two identical sync jobs sets the step
         seconds = min((r["train_seconds"] for r in (warm, base)
-                       if r["workers"] == workers and r.get("train_seconds")), default=1.0)
+                       if r.get("workers") == workers and r.get("train_seconds")), default=1.0)
         step_ms = 1000 * seconds / max(1, examples // (workers * args.batch))
         slow_ms = 2 * step_ms
         for mode in MODES:
@@ -290,6 +290,9 @@ def main():
     p.add_argument("--lr", type=float, default=0.001)
     p.add_argument("--configs", default="1+2,2+2", help="servers+workers, comma-separated")
     p.add_argument("--out", default=str(REPO / "results" / "compare_async" / "compare_async"))
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the first, dropped job that warms the caches (quicker; the "
+                        "slowed worker's delay may then come out longer)")
     p.add_argument("--role", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--servers", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--slow-ms", type=float, default=0.0, help=argparse.SUPPRESS)

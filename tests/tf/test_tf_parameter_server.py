@@ -52,7 +52,7 @@ def test_compare_async_writes_every_mode_with_its_figures(tmp_path):
     from mpi_harness import REPO
     out = tmp_path / "compare_async"
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_async.py"),
-                        "--configs", "1+2", "--examples", "512", "--out", str(out)],
+                        "--configs", "1+2", "--examples", "512", "--no-warmup", "--out", str(out)],
                        capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     runs = json.loads(out.with_suffix(".json").read_text())

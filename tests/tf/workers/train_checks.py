@@ -39,12 +39,24 @@ def local_rows(steps, b, x=X):
     return np.concatenate([x[s * b * n + r * b: s * b * n + (r + 1) * b] for s in range(steps)])
 
 
-def reference_fit(opt, steps, global_batch):
-    m = make_model()
-    m.compile(optimizer=opt, loss="mse")
-    m.fit(X[:steps * global_batch], Y[:steps * global_batch], batch_size=global_batch,
-          epochs=1, shuffle=False, verbose=0)
-    return m
+OPTS = {"sgd": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+        "adam": lambda: keras.optimizers.Adam(0.01)}
+REFERENCE_OPTS = {**OPTS, "plain_sgd": lambda: keras.optimizers.SGD(0.05)}
+_references = {}
+
+
+def reference_weights(opt, steps, global_batch):
+    """The weights of the single-process reference (``REFERENCE_OPTS[opt]``, global batch)
+    after ``steps`` steps; fitted once per argument triple (several checks compare with the
+    same reference)."""
+    key = (opt, steps, global_batch)
+    if key not in _references:
+        m = make_model()
+        m.compile(optimizer=REFERENCE_OPTS[opt](), loss="mse")
+        m.fit(X[:steps * global_batch], Y[:steps * global_batch], batch_size=global_batch,
+              epochs=1, shuffle=False, verbose=0)
+        _references[key] = m.get_weights()
+    return _references[key]
 
 
 def same_on_every_rank(arrays, what):
@@ -62,15 +74,11 @@ def fit_distributed(opt, steps=STEPS, b=B, **compile_kw):
     return m
 
 
-OPTS = {"sgd": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
-        "adam": lambda: keras.optimizers.Adam(0.01)}
-
 for name, make_opt in OPTS.items():
     @check(f"fit_{name}_np_equals_single_process_global_batch")
     def _():
         m = fit_distributed(hvdk.DistributedOptimizer(make_opt()))
-        ref = reference_fit(make_opt(), STEPS, B * n)
-        for a, b in zip(m.get_weights(), ref.get_weights()):
+        for a, b in zip(m.get_weights(), reference_weights(name, STEPS, B * n)):
             assert_close(a, b, rtol=RTOL, atol=ATOL)
         same_on_every_rank(m.get_weights(), "weights")
         assert int(m.optimizer.iterations.numpy()) == STEPS
@@ -91,8 +99,7 @@ for name, make_opt in OPTS.items():
         xs, ys = local_rows(STEPS, B), local_rows(STEPS, B, Y)
         for s in range(STEPS):
             step(xs[s * B:(s + 1) * B], ys[s * B:(s + 1) * B])
-        ref = reference_fit(make_opt(), STEPS, B * n)
-        for a, b in zip(m.get_weights(), ref.get_weights()):
+        for a, b in zip(m.get_weights(), reference_weights(name, STEPS, B * n)):
             assert_close(a, b, rtol=RTOL, atol=ATOL)
         same_on_every_rank(m.get_weights(), "weights")
 
@@ -142,33 +149,32 @@ def _():
     ys = np.concatenate([Y[(2 * u + j) * B * n + r * B:(2 * u + j) * B * n + (r + 1) * B]
                          for u in range(STEPS) for j in range(2)])
     m.fit(xs, ys, batch_size=B, epochs=1, shuffle=False, verbose=0)
-    ref = reference_fit(keras.optimizers.SGD(0.05, momentum=0.9), STEPS, 2 * B * n)
-    for a, b in zip(m.get_weights(), ref.get_weights()):
+    for a, b in zip(m.get_weights(), reference_weights("sgd", STEPS, 2 * B * n)):
         assert_close(a, b, rtol=RTOL, atol=ATOL)
     assert int(m.optimizer.iterations.numpy()) == STEPS
 
 
 @check("op_sum_predivide_and_num_groups_variants")
 def _():
-    ref = reference_fit(keras.optimizers.SGD(0.05), STEPS, B * n)
+    ref = reference_weights("plain_sgd", STEPS, B * n)
     for kw in (dict(gradient_predivide_factor=2.0), dict(num_groups=2),
                dict(groups=[[]]), dict(sparse_as_dense=True)):
         m = fit_distributed(hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05), **kw))
-        for a, b in zip(m.get_weights(), ref.get_weights()):
+        for a, b in zip(m.get_weights(), ref):
             assert_close(a, b, rtol=RTOL, atol=ATOL, msg=str(kw))
     # op=Sum with lr/n is the same update as Average with lr
     m = fit_distributed(hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05 / n), op=hvd.Sum))
-    for a, b in zip(m.get_weights(), ref.get_weights()):
+    for a, b in zip(m.get_weights(), ref):
         assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 @check("compression_fp16_and_bf16_stay_within_tolerance")
 def _():
-    ref = reference_fit(keras.optimizers.SGD(0.05), STEPS, B * n)
+    ref = reference_weights("plain_sgd", STEPS, B * n)
     for comp, tol in ((hvd.Compression.fp16, 2e-3), (hvd.Compression.bf16, 2e-2)):
         m = fit_distributed(hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05),
                                                       compression=comp))
-        for a, b in zip(m.get_weights(), ref.get_weights()):
+        for a, b in zip(m.get_weights(), ref):
             assert_close(a, b, rtol=tol, atol=tol)
         same_on_every_rank(m.get_weights(), "weights")
 
