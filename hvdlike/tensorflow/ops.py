@@ -11,8 +11,10 @@ unnamed eager calls pair in call order), in whatever order each rank runs them; 
 with mismatched metadata (dtype, shape, op, root, splits) raises
 ``tf.errors.FailedPreconditionError`` on every rank, as Horovod does (the message names the
 ranks and their values; the NumPy API raises ``hvdlike.CollectiveMismatchError``). In a
-graph, TensorFlow reports any error raised inside a Python function op as ``UnknownError``;
-its message keeps ours, prefixed ``FailedPreconditionError``.
+graph, TensorFlow reports that error, raised inside a Python function op, as ``UnknownError``;
+its message keeps ours, prefixed ``FailedPreconditionError``. A bad value on any rank raises
+``tf.errors.InvalidArgumentError`` on every rank (:class:`CollectiveInputError`), eager and
+in a graph.
 """
 import itertools
 from typing import Any, List, Optional, Sequence, Tuple, Union
@@ -97,15 +99,34 @@ def mismatch_error(message):
     return tf.errors.FailedPreconditionError(None, None, message)
 
 
+class CollectiveInputError(tf.errors.InvalidArgumentError, ValueError):
+    """A collective's input was bad on some rank (e.g. alltoall splits that do not sum to the
+    first dimension), raised on every rank: ``tf.errors.InvalidArgumentError`` as in Horovod
+    and as TensorFlow reports the same error from a graph, and a ``ValueError`` as hvdlike's
+    NumPy API raises it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(None, None, message)
+
+
 def _outputs(wait):
-    """Call a submit's wait function; a disagreement between ranks becomes
-    ``tf.errors.FailedPreconditionError`` (in a graph TensorFlow wraps it in UnknownError)."""
+    """Call a submit's wait function. A disagreement between ranks becomes
+    ``tf.errors.FailedPreconditionError`` (in a graph TensorFlow wraps it in UnknownError);
+    bad input (a ``ValueError`` on every rank) becomes :class:`CollectiveInputError` (in a
+    graph TensorFlow turns it into ``InvalidArgumentError`` itself)."""
     try:
         return wait()
     except _core.CollectiveMismatchError as exc:
-        error = mismatch_error(str(exc))
-        error.hvdlike_quiet = getattr(exc, "hvdlike_quiet", False)
-        raise error from exc
+        raise _same_quiet(mismatch_error(str(exc)), exc) from exc
+    except ValueError as exc:
+        raise _same_quiet(CollectiveInputError(str(exc)), exc) from exc
+
+
+def _same_quiet(error, original):
+    """``error``, marked to be printed only where ``original`` would be (see
+    ``hvdlike.checks.raised_on_every_rank``)."""
+    error.hvdlike_quiet = getattr(original, "hvdlike_quiet", False)
+    return error
 
 
 def _run(what, submit, inputs, out_dtypes, out_shapes):

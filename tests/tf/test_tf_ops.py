@@ -13,6 +13,7 @@ CHECKS = [
     "allgather_uneven_first_dim_and_gradient",
     "broadcast_and_gradient_reduced_to_root",
     "alltoall_even_and_explicit_splits_with_gradient",
+    "bad_alltoall_splits_raise_invalid_argument_on_every_rank",
     "reducescatter_static_shape_values_and_gradient",
     "indexed_slices_allgather_and_sparse_as_dense",
     "compression_fp16_and_bf16_roundtrip",

@@ -167,6 +167,26 @@ def _():
     assert_close(g, np.concatenate([np.full((k + 1, 1), k + 1, np.float32) for k in range(n)]))
 
 
+@check("bad_alltoall_splits_raise_invalid_argument_on_every_rank")
+def _():
+    # rank 0's splits do not sum to its first dimension; every rank raises Horovod's class,
+    # eager and in a graph (where TensorFlow makes it InvalidArgumentError itself); eager it
+    # is also the ValueError the NumPy API raises
+    def call(x):
+        return hvd.alltoall(x, splits=[3 if r == 0 else 1] * n, name="bad_splits")[0]
+
+    x = tf.zeros([n, 2])
+    for run, also in ((call, ValueError), (tf.function(call), tf.errors.InvalidArgumentError)):
+        try:
+            run(x)
+        except tf.errors.InvalidArgumentError as e:
+            assert isinstance(e, also), type(e).__mro__
+            assert "alltoall splits must be" in str(e) and "rank 0" in str(e), e
+        else:
+            raise AssertionError("no error")
+    hvd.barrier()
+
+
 @check("reducescatter_static_shape_values_and_gradient")
 def _():
     rows = 2 * n + 1
