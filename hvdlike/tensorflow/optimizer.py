@@ -212,8 +212,10 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     ``compute_gradients`` and ``apply_gradients``, in a graph or eagerly) is wrapped too:
     its ``compute_gradients`` returns the reduced gradients; ``use_locking`` goes to the
     wrapper; with ``backward_passes_per_step`` k > 1 it sums gradients locally and applies
-    them reduced on every k-th pass (``global_step`` still counts every pass); not with
-    ``op=Adasum``.  See ``BroadcastGlobalVariablesHook``.
+    them reduced on every k-th pass (``global_step`` still counts every pass).  With
+    ``op=Adasum`` each rank applies its own gradients and every k-th pass the variables'
+    changes since the last such pass are combined by Adasum, as in Horovod's TF1 optimizer.
+    See ``BroadcastGlobalVariablesHook``.
     """
     if is_distributed_optimizer(optimizer):
         raise ValueError("hvdlike DistributedOptimizer: this optimizer is already distributed;"

@@ -6,14 +6,14 @@ tf.compat.v1.train.AdagradOptimizer(...))``, ``hooks=[hvd.BroadcastGlobalVariabl
 The wrapped optimizer's ``compute_gradients`` reduces the gradients over the process set with
 the same ``GradientReducer`` as ``DistributedGradientTape`` (in a graph, each gradient goes to
 the engine as soon as backprop has computed it); ``apply_gradients`` is the original one, so
-``minimize`` works as before.
+``minimize`` works as before. With ``op=Adasum`` the weight updates are combined instead
+(:class:`AdasumOptimizerV1`, Horovod's semantics).
 """
 from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 import hvdlike as _core
-from hvdlike.reduce_ops import as_reduce_op
 
 from hvdlike.tensorflow.functions import broadcast_variables
 from hvdlike.tensorflow.gradients import GradientReducer, backward_passes
@@ -28,7 +28,8 @@ class _Aggregation:
     local variables (never broadcast, initialised by the session's local init op)."""
 
     def __init__(self, grads: List[Any]) -> None:
-        with tf.compat.v1.variable_scope("hvdlike_aggregation", reuse=tf.compat.v1.AUTO_REUSE):
+        # a scope of its own: another optimizer's sums in the same graph are other variables
+        with tf.compat.v1.variable_scope(None, default_name="hvdlike_aggregation"):
             local = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
             self.counter = tf.compat.v1.get_variable(
                 "backward_passes", shape=(), dtype=tf.int64, trainable=False,
@@ -150,17 +151,107 @@ class DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
         return self._optimizer.variables(*args, **kwargs)
 
 
+class _Starts:
+    """One graph's (or eager mode's) values of the variables at the last combination, and
+    the count of passes: local variables, initialised by the session's local init op."""
+
+    def __init__(self, variables: List[Any]) -> None:
+        with tf.compat.v1.variable_scope(None, default_name="hvdlike_adasum"):
+            local = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
+            self.passes = tf.compat.v1.get_variable(
+                "passes", shape=(), dtype=tf.int64, trainable=False,
+                initializer=tf.compat.v1.zeros_initializer(), collections=local)
+            self.values = [tf.compat.v1.get_variable(
+                f"start_{i}", shape=v.shape, dtype=v.dtype.base_dtype, trainable=False,
+                initializer=tf.compat.v1.zeros_initializer(), collections=local)
+                for i, v in enumerate(variables)]
+
+
+def _flag(ops: List[Any], value: bool) -> Any:
+    """A boolean tensor that comes after ``ops`` (what a ``tf.cond`` branch returns)."""
+    with tf.control_dependencies(ops):
+        return tf.constant(value)
+
+
+class AdasumOptimizerV1(tf.compat.v1.train.Optimizer):
+    """``DistributedOptimizer(op=Adasum)`` of a ``tf.compat.v1.train.Optimizer``, as Horovod
+    does it: each rank applies its own gradients with the wrapped optimizer (its slots stay
+    local), and on every ``backward_passes_per_step``-th pass the change of each variable
+    since the last combination is combined over the process set by Adasum; every rank then
+    sets the variable to its value at the last combination plus the combined change."""
+
+    def __init__(self, optimizer: Any, reducer: GradientReducer, name: str,
+                 use_locking: bool, backward_passes_per_step: int = 1) -> None:
+        super().__init__(use_locking=use_locking, name=name)
+        self._optimizer = optimizer
+        self._hvd_reducer = reducer
+        self._bpps = backward_passes_per_step
+        self._starts: Dict[Any, _Starts] = {}  # per graph (None: eager)
+
+    def compute_gradients(self, *args: Any, **kwargs: Any) -> List[Tuple[Any, Any]]:
+        """The wrapped optimizer's (gradient, variable) pairs: this rank's own gradients
+        (the updates are combined, in ``apply_gradients``)."""
+        return list(self._optimizer.compute_gradients(*args, **kwargs))
+
+    def register_local_var(self, var: Any) -> None:
+        raise ValueError("hvdlike DistributedOptimizer: register_local_var is not supported "
+                         "with op=Adasum and a tf.compat.v1 optimizer (nor in Horovod).")
+
+    def apply_gradients(self, grads_and_vars: Any, global_step: Any = None,
+                        name: Optional[str] = None) -> Any:
+        """The wrapped optimizer's update of this rank's variables; on every k-th pass
+        (``backward_passes_per_step``) the updates since the last one combined by Adasum."""
+        grads_and_vars = list(grads_and_vars)
+        variables = [v for g, v in grads_and_vars if g is not None]
+        starts = self._starts.get(_graph_key())
+        if starts is None:
+            starts = self._starts[_graph_key()] = _Starts(variables)
+        # the first pass takes the starting point from the variables, after the session (and
+        # BroadcastGlobalVariablesHook) has set them
+        first = tf.cond(tf.equal(starts.passes, 0),
+                        lambda: _flag([s.assign(v) for s, v in zip(starts.values, variables)],
+                                      True),
+                        lambda: tf.constant(False))
+        with tf.control_dependencies([first]):
+            update = self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+        with tf.control_dependencies([update]):
+            passes = starts.passes.assign_add(1)
+
+        def combine() -> Any:
+            with tf.control_dependencies([passes]):
+                changes = [v.read_value() - s.read_value()
+                           for v, s in zip(variables, starts.values)]
+            combined = self._hvd_reducer.reduce(changes, variables)
+            moved = [s.assign_add(c) for s, c in zip(starts.values, combined)]
+            return _flag([v.assign(m) for v, m in zip(variables, moved)], True)
+
+        combined = tf.cond(tf.equal(passes % self._bpps, 0), combine,
+                           lambda: tf.constant(False))
+        return combined if tf.executing_eagerly() else tf.group(combined)
+
+    def get_slot(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args: Any, **kwargs: Any) -> List[str]:
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args: Any, **kwargs: Any) -> List[Any]:
+        return self._optimizer.variables(*args, **kwargs)
+
+
 def distributed_v1(optimizer: Any, use_locking: bool, backward_passes_per_step: int,
                    average_aggregated_gradients: bool, **reducer_settings: Any) -> Any:
     """``DistributedOptimizer`` for a ``tf.compat.v1.train.Optimizer``; ``reducer_settings``
     as for ``GradientReducer`` (its ``name`` also names the wrapper)."""
     bpps = backward_passes(backward_passes_per_step)
-    if as_reduce_op(reducer_settings.get("op")) == _core.Adasum:
-        raise ValueError(
-            "hvdlike DistributedOptimizer: op=Adasum with a tf.compat.v1 optimizer is not "
-            "supported (Horovod combines the weight updates there, not the gradients); use a "
-            "Keras optimizer, or DistributedGradientTape(op=Adasum).")
     reducer = GradientReducer(**reducer_settings)
+    if reducer.op == _core.Adasum:
+        if average_aggregated_gradients:
+            raise ValueError("hvdlike DistributedOptimizer: average_aggregated_gradients is "
+                             "not supported with op=Adasum and a tf.compat.v1 optimizer (as in "
+                             "Horovod): the updates of every pass are combined, not gradients.")
+        name = reducer_settings.get("name") or f"DistributedDelta{type(optimizer).__name__}"
+        return AdasumOptimizerV1(optimizer, reducer, name, use_locking, bpps)
     name = reducer_settings.get("name") or f"Distributed{type(optimizer).__name__}"
     return DistributedOptimizerV1(optimizer, reducer, name, use_locking, bpps,
                                   average_aggregated_gradients)

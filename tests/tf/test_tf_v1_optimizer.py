@@ -13,6 +13,9 @@ CHECKS = [
     "eager_minimize_with_a_v1_optimizer_equals_one_process",
     "backward_passes_per_step_sums_locally_and_applies_every_kth_pass_like_one_process",
     "eager_backward_passes_per_step_applies_every_kth_pass",
+    "adasum_combines_the_updates_every_kth_pass_like_horovod",
+    "eager_adasum_with_a_v1_optimizer_combines_every_pass",
+    "two_optimizers_with_backward_passes_in_one_graph_keep_their_own_state",
     "v1_bad_inputs_give_clear_errors",
 ]
 

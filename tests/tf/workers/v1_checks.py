@@ -1,12 +1,17 @@
 """Horovod's TF1-style API on every rank: DistributedOptimizer of tf.compat.v1.train
 optimizers and BroadcastGlobalVariablesHook, checked against one process training the same
 graph on the global batch (every rank's batch, concatenated)."""
+import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from common import FAILED, assert_close, check, close, hvd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the NumPy references
+import reference  # noqa: E402
 
 v1 = tf.compat.v1
 N, D, V, STEPS = 8, 4, 6, 4  # per-rank batch, features, embedding rows, steps
@@ -192,11 +197,108 @@ def _():
     assert_close(seen[2], start - 0.1 * 3 * grad, rtol=2e-5, atol=1e-6, msg="pass 3")
 
 
+def gradients(value, data):
+    """NumPy: the model's gradients (dense; the embedding's rows that the batch uses are
+    ``rows``) at ``value`` on ``data``."""
+    x, y, ids = (a.astype(np.float64) if a.dtype != np.int64 else a for a in data)
+    d = 2 * (x @ value["w"] + value["b"] + value["emb"][ids] - y) / len(x)
+    emb = np.zeros_like(value["emb"])
+    np.add.at(emb, ids, d)
+    return {"w": x.T @ d, "b": d.sum(0), "emb": emb}, np.unique(ids)
+
+
+def adasum_reference(passes, bpps, momentum):
+    """NumPy: what Horovod's TF1 Adasum optimizer gives this rank after ``passes`` passes of
+    SGD (lr 0.1, with ``momentum``: TF1 Momentum, whose sparse update leaves the rows a batch
+    does not use alone) from rank 0's values: every rank steps on its own batch, and every
+    bpps-th pass every rank's change since the last combination is combined by Adasum."""
+    trained = ("w", "b", "emb")
+    value = [{k: initial(0)[k].astype(np.float64) for k in trained} for _ in range(hvd.size())]
+    slot = [{k: np.zeros_like(a) for k, a in v.items()} for v in value]
+    start = {k: a.copy() for k, a in value[0].items()}
+    for p in range(1, passes + 1):
+        for r in range(hvd.size()):
+            grad, rows = gradients(value[r], batch(r))
+            for k in trained:
+                used = rows if k == "emb" else slice(None)
+                slot[r][k][used] = momentum * slot[r][k][used] + grad[k][used]
+                value[r][k][used] -= 0.1 * slot[r][k][used]
+        if p % bpps == 0:
+            for k in trained:
+                start[k] = start[k] + reference.adasum([v[k] - start[k] for v in value])
+                for v in value:
+                    v[k] = start[k].copy()
+    return value[hvd.rank()]
+
+
+@check("adasum_combines_the_updates_every_kth_pass_like_horovod")
+def _():
+    # a graph under a MonitoredTrainingSession, rank 0's values broadcast by the hook; the
+    # last of 5 passes with k=2 is not combined: there the ranks hold their own values
+    for momentum, passes, bpps in [(0.0, 3, 1), (0.9, 5, 2)]:
+        data = batch(hvd.rank())
+        with tf.Graph().as_default():
+            loss, var = model(data, initial(hvd.rank()))
+            step = v1.train.get_or_create_global_step()
+            opt = v1.train.MomentumOptimizer(0.1, momentum)
+            opt = hvd.DistributedOptimizer(opt, op=hvd.Adasum, backward_passes_per_step=bpps)
+            train_op = opt.minimize(loss, global_step=step)
+            final = _Final({**var, "step": step})
+            hooks = [hvd.BroadcastGlobalVariablesHook(0),
+                     v1.train.StopAtStepHook(last_step=passes), final]
+            with v1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+                while not sess.should_stop():
+                    sess.run(train_op)
+        got, want = final.values, adasum_reference(passes, bpps, momentum)
+        assert got["step"] == passes, got["step"]
+        for k in want:
+            assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=f"{k} k={bpps}")
+        assert_close(got["unused"], initial(0)["unused"], rtol=0, msg="unused")
+        assert not np.allclose(got["w"], initial(0)["w"]), "nothing was applied"
+
+
+@check("eager_adasum_with_a_v1_optimizer_combines_every_pass")
+def _():
+    x, y, ids = batch(hvd.rank())
+    var = {k: tf.Variable(a) for k, a in initial(0).items() if k != "unused"}
+    opt = hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(0.1), op=hvd.Adasum)
+    for _ in range(2):
+        opt.minimize(lambda: tf.reduce_mean(tf.square(
+            tf.matmul(x, var["w"]) + var["b"] + tf.gather(var["emb"], ids) - y)),
+            var_list=list(var.values()))
+    want = adasum_reference(2, 1, 0.0)
+    for k, v in var.items():
+        assert_close(v.numpy(), want[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@check("two_optimizers_with_backward_passes_in_one_graph_keep_their_own_state")
+def _():
+    # loss sum(v^2): the same gradient 2v on every rank; two passes with k=2 and lr 0.1:
+    # Average applies the sum of both passes' gradients once (0.6 v); Adasum steps each pass
+    # (0.8 * 0.8 v) and combines equal changes, which leaves them as they are
+    for op, factor in ((hvd.Average, 0.6), (hvd.Adasum, 0.64)):
+        start = {"a": np.array([1.0, 2.0], np.float32),
+                 "b": np.array([[1.0], [2.0], [3.0]], np.float32)}
+        with tf.Graph().as_default():
+            var = {k: v1.get_variable(k, initializer=tf.constant(a)) for k, a in start.items()}
+            train = [hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(0.1), op=op,
+                                              backward_passes_per_step=2).minimize(
+                tf.reduce_sum(tf.square(v))) for v in var.values()]
+            with v1.train.MonitoredTrainingSession() as sess:
+                for _ in range(2):
+                    for t in train:  # one at a time: see "inter-op threads" in tensorflow.md
+                        sess.run(t)
+                got = sess.run(var)
+        for k in start:
+            assert_close(got[k], factor * start[k], rtol=1e-6, msg=f"{k} {op}")
+
+
 @check("v1_bad_inputs_give_clear_errors")
 def _():
     sgd = v1.train.GradientDescentOptimizer(0.1)
     for kwargs, text in [(dict(backward_passes_per_step=0), "backward_passes_per_step"),
-                         (dict(op=hvd.Adasum), "op=Adasum with a tf.compat.v1 optimizer")]:
+                         (dict(op=hvd.Adasum, average_aggregated_gradients=True),
+                          "average_aggregated_gradients is not supported with op=Adasum")]:
         try:
             hvd.DistributedOptimizer(sgd, **kwargs)
             raise AssertionError(f"{kwargs}: no error")
