@@ -160,7 +160,7 @@ def _distributed_class(base, settings):
 
 
 def is_distributed_optimizer(optimizer):
-    return isinstance(optimizer, (_DistributedMixin, optimizer_v1.DistributedOptimizerV1))
+    return isinstance(optimizer, _DistributedMixin) or optimizer_v1.is_distributed_v1(optimizer)
 
 
 def _check_optimizer(optimizer):

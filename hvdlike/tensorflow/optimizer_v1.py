@@ -23,6 +23,11 @@ def is_v1_optimizer(optimizer: Any) -> bool:
     return isinstance(optimizer, tf.compat.v1.train.Optimizer)
 
 
+def is_distributed_v1(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is one of hvdlike's wrappers of a tf.compat.v1 optimizer."""
+    return isinstance(optimizer, _WrapperV1)
+
+
 class _Aggregation:
     """One graph's (or eager mode's) local gradient sums for ``backward_passes_per_step``:
     local variables (never broadcast, initialised by the session's local init op)."""
@@ -50,16 +55,34 @@ def _graph_key() -> Any:
     return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
 
 
-class DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
+class _WrapperV1(tf.compat.v1.train.Optimizer):
+    """A ``tf.compat.v1.train.Optimizer`` around another, whose slots and variables are the
+    wrapped one's."""
+
+    def __init__(self, optimizer: Any, reducer: GradientReducer, name: str,
+                 use_locking: bool, backward_passes_per_step: int) -> None:
+        super().__init__(use_locking=use_locking, name=name)
+        self._optimizer = optimizer
+        self._hvd_reducer = reducer
+        self._bpps = backward_passes_per_step
+
+    def get_slot(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args: Any, **kwargs: Any) -> List[str]:
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args: Any, **kwargs: Any) -> List[Any]:
+        return self._optimizer.variables(*args, **kwargs)
+
+
+class DistributedOptimizerV1(_WrapperV1):
     """A ``tf.compat.v1.train.Optimizer`` whose gradients are reduced over ranks."""
 
     def __init__(self, optimizer: Any, reducer: GradientReducer, name: str,
                  use_locking: bool, backward_passes_per_step: int = 1,
                  average_aggregated_gradients: bool = False) -> None:
-        super().__init__(use_locking=use_locking, name=name)
-        self._optimizer = optimizer
-        self._hvd_reducer = reducer
-        self._bpps = backward_passes_per_step
+        super().__init__(optimizer, reducer, name, use_locking, backward_passes_per_step)
         self._average_aggregated = average_aggregated_gradients
         self._aggregations: Dict[Any, _Aggregation] = {}  # per graph (None: eager)
 
@@ -141,15 +164,6 @@ class DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
         applied = tf.cond(agg.apply_now, apply, count_only)
         return applied if tf.executing_eagerly() else tf.group(applied)
 
-    def get_slot(self, *args: Any, **kwargs: Any) -> Any:
-        return self._optimizer.get_slot(*args, **kwargs)
-
-    def get_slot_names(self, *args: Any, **kwargs: Any) -> List[str]:
-        return self._optimizer.get_slot_names(*args, **kwargs)
-
-    def variables(self, *args: Any, **kwargs: Any) -> List[Any]:
-        return self._optimizer.variables(*args, **kwargs)
-
 
 class _Starts:
     """One graph's (or eager mode's) values of the variables at the last combination, and
@@ -173,7 +187,7 @@ def _flag(ops: List[Any], value: bool) -> Any:
         return tf.constant(value)
 
 
-class AdasumOptimizerV1(tf.compat.v1.train.Optimizer):
+class AdasumOptimizerV1(_WrapperV1):
     """``DistributedOptimizer(op=Adasum)`` of a ``tf.compat.v1.train.Optimizer``, as Horovod
     does it: each rank applies its own gradients with the wrapped optimizer (its slots stay
     local), and on every ``backward_passes_per_step``-th pass the change of each variable
@@ -182,10 +196,7 @@ class AdasumOptimizerV1(tf.compat.v1.train.Optimizer):
 
     def __init__(self, optimizer: Any, reducer: GradientReducer, name: str,
                  use_locking: bool, backward_passes_per_step: int = 1) -> None:
-        super().__init__(use_locking=use_locking, name=name)
-        self._optimizer = optimizer
-        self._hvd_reducer = reducer
-        self._bpps = backward_passes_per_step
+        super().__init__(optimizer, reducer, name, use_locking, backward_passes_per_step)
         self._starts: Dict[Any, _Starts] = {}  # per graph (None: eager)
 
     def compute_gradients(self, *args: Any, **kwargs: Any) -> List[Tuple[Any, Any]]:
@@ -228,15 +239,6 @@ class AdasumOptimizerV1(tf.compat.v1.train.Optimizer):
         combined = tf.cond(tf.equal(passes % self._bpps, 0), combine,
                            lambda: tf.constant(False))
         return combined if tf.executing_eagerly() else tf.group(combined)
-
-    def get_slot(self, *args: Any, **kwargs: Any) -> Any:
-        return self._optimizer.get_slot(*args, **kwargs)
-
-    def get_slot_names(self, *args: Any, **kwargs: Any) -> List[str]:
-        return self._optimizer.get_slot_names(*args, **kwargs)
-
-    def variables(self, *args: Any, **kwargs: Any) -> List[Any]:
-        return self._optimizer.variables(*args, **kwargs)
 
 
 def distributed_v1(optimizer: Any, use_locking: bool, backward_passes_per_step: int,

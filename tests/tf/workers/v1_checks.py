@@ -304,11 +304,17 @@ def _():
             raise AssertionError(f"{kwargs}: no error")
         except ValueError as e:
             assert text in str(e), e
+    for op in (hvd.Average, hvd.Adasum):
+        try:
+            hvd.DistributedOptimizer(hvd.DistributedOptimizer(sgd, op=op))
+            raise AssertionError(f"wrapped twice ({op}): no error")
+        except ValueError as e:
+            assert "already distributed" in str(e), e
     try:
-        hvd.DistributedOptimizer(hvd.DistributedOptimizer(sgd))
-        raise AssertionError("wrapped twice: no error")
+        hvd.DistributedOptimizer(sgd, op=hvd.Adasum).register_local_var(tf.Variable([1.0]))
+        raise AssertionError("register_local_var with Adasum: no error")
     except ValueError as e:
-        assert "already distributed" in str(e), e
+        assert "register_local_var is not supported" in str(e), e
     w = tf.Variable([1.0])
     try:
         hvd.DistributedOptimizer(sgd, backward_passes_per_step=2).apply_gradients(
