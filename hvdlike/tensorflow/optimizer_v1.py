@@ -28,6 +28,15 @@ def is_distributed_v1(optimizer: Any) -> bool:
     return isinstance(optimizer, _WrapperV1)
 
 
+def _local_zeros(name: str, shape: Any, dtype: Any) -> Any:
+    """A local variable of zeros (never broadcast or saved; initialised by the session's local
+    init op), in the current variable scope."""
+    return tf.compat.v1.get_variable(
+        name, shape=shape, dtype=dtype, trainable=False,
+        initializer=tf.compat.v1.zeros_initializer(),
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+
+
 class _Aggregation:
     """One graph's (or eager mode's) local gradient sums for ``backward_passes_per_step``:
     local variables (never broadcast, initialised by the session's local init op)."""
@@ -35,14 +44,9 @@ class _Aggregation:
     def __init__(self, grads: List[Any]) -> None:
         # a scope of its own: another optimizer's sums in the same graph are other variables
         with tf.compat.v1.variable_scope(None, default_name="hvdlike_aggregation"):
-            local = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
-            self.counter = tf.compat.v1.get_variable(
-                "backward_passes", shape=(), dtype=tf.int64, trainable=False,
-                initializer=tf.compat.v1.zeros_initializer(), collections=local)
-            self.sums = [None if g is None else tf.compat.v1.get_variable(
-                f"gradient_sum_{i}", shape=g.shape, dtype=g.dtype, trainable=False,
-                initializer=tf.compat.v1.zeros_initializer(), collections=local)
-                for i, g in enumerate(grads)]
+            self.counter = _local_zeros("backward_passes", (), tf.int64)
+            self.sums = [None if g is None else _local_zeros(f"gradient_sum_{i}", g.shape, g.dtype)
+                         for i, g in enumerate(grads)]
         self.apply_now: Any = None  # the last compute_gradients' "this pass applies"
 
 
@@ -171,14 +175,9 @@ class _Starts:
 
     def __init__(self, variables: List[Any]) -> None:
         with tf.compat.v1.variable_scope(None, default_name="hvdlike_adasum"):
-            local = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
-            self.passes = tf.compat.v1.get_variable(
-                "passes", shape=(), dtype=tf.int64, trainable=False,
-                initializer=tf.compat.v1.zeros_initializer(), collections=local)
-            self.values = [tf.compat.v1.get_variable(
-                f"start_{i}", shape=v.shape, dtype=v.dtype.base_dtype, trainable=False,
-                initializer=tf.compat.v1.zeros_initializer(), collections=local)
-                for i, v in enumerate(variables)]
+            self.passes = _local_zeros("passes", (), tf.int64)
+            self.values = [_local_zeros(f"start_{i}", v.shape, v.dtype.base_dtype)
+                           for i, v in enumerate(variables)]
 
 
 def _flag(ops: List[Any], value: bool) -> Any:
