@@ -4,6 +4,10 @@ import sys
 import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The workers draw nothing. With matplotlib installed (the benchmarks plot with it), importing
+# TensorFlow imports Keras, which imports matplotlib.pyplot if it can: about 1 s of each
+# rank's start-up on a 2-core machine. Keras goes on without it (an ImportError it catches).
+sys.modules.setdefault("matplotlib", None)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
