@@ -217,7 +217,7 @@ def single_copy_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
     ``shared_memory_reducer``, where every member may attach to its node's other members'
     memory; otherwise None (also with HVDLIKE_CMA=0). Collective over the set."""
     st = state()
-    layout = _on_node_layout(ranks) if st.settings.cma else None
+    layout = _on_node_layout(ranks) if st.settings.cma != "0" else None
     if layout is None:
         return None
     from .transport.cma import CrossMemoryAllreduce

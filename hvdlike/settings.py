@@ -5,7 +5,7 @@
 | HVDLIKE_FUSION_THRESHOLD | 67108864 | bytes per fusion buffer in grouped collectives (0 disables fusion) |
 | HVDLIKE_SHM_THRESHOLD | 262144 | blocking all-reduces of at least this many bytes, within one node, use the shared-memory transport |
 | HVDLIKE_SHM_BUFFER | 67108864 | bytes one round of that transport reduces (each rank maps about that much shared memory plus 1/size of it); larger all-reduces take several rounds; 0 disables the transport |
-| HVDLIKE_CMA | 1 | those on-node all-reduces of a set on one node that have at least HVDLIKE_CMA_THRESHOLD bytes read the peers' inputs and write their outputs directly (Linux cross-memory attach: one copy, no window) where every rank of the set may; 0 keeps them all on the shared-memory window |
+| HVDLIKE_CMA | 1 | those on-node all-reduces of a set on one node that have at least HVDLIKE_CMA_THRESHOLD bytes read the peers' inputs and write their outputs directly (Linux cross-memory attach: one copy, no window) where every rank of the set may; 0 keeps them all on the shared-memory window; `auto` tries both on the first buckets of each size from the threshold on and keeps the faster (the crossover depends on the machine and the number of ranks) |
 | HVDLIKE_CMA_THRESHOLD | 8388608 | bytes from which on-node all-reduces go single-copy (below it the window is faster: the kernel pins every page it copies) |
 | HVDLIKE_HIERARCHICAL_ALLREDUCE | auto | all-reduce buckets of at least HVDLIKE_SHM_THRESHOLD bytes of the whole world on several nodes (the same number of ranks on each): `1` reduces inside each node through shared memory, across nodes among ranks of equal local rank, then shares inside the node; `0` runs one flat MPI_Allreduce; `auto` tries both on the first buckets of each size and keeps the faster |
 | HVDLIKE_HIERARCHICAL_ALLGATHER | 1 | all-gathers of the whole world on several nodes with the same number of ranks (at least 2) each, numbered node after node: `1` gathers each node's parts on its first rank, all-gathers the nodes' blocks across nodes and broadcasts inside each node (each node's data crosses the network once per other node); `0` runs one flat MPI_Allgatherv, which sends every rank's part once per remote rank when parts differ in size (equal parts always go through MPI_Allgather, which Open MPI already runs node by node) |
@@ -76,7 +76,7 @@ class Settings:
     fusion_threshold: int = 64 * 1024 * 1024
     shm_threshold: int = 256 * 1024
     shm_buffer: int = 64 * 1024 * 1024
-    cma: bool = True
+    cma: str = "1"
     cma_threshold: int = 8 * 1024 * 1024
     hierarchical_allreduce: str = "auto"
     hierarchical_allgather: str = "1"
@@ -113,7 +113,7 @@ class Settings:
             fusion_threshold=_int(env, "HVDLIKE_FUSION_THRESHOLD", cls.fusion_threshold),
             shm_threshold=_int(env, "HVDLIKE_SHM_THRESHOLD", cls.shm_threshold),
             shm_buffer=_int(env, "HVDLIKE_SHM_BUFFER", cls.shm_buffer),
-            cma=_bool(env, "HVDLIKE_CMA", cls.cma),
+            cma=_bool_or_auto(env, "HVDLIKE_CMA", cls.cma),
             cma_threshold=_int(env, "HVDLIKE_CMA_THRESHOLD", cls.cma_threshold),
             hierarchical_allreduce=_choice(env, "HVDLIKE_HIERARCHICAL_ALLREDUCE",
                                            ("auto", "1", "0")),
@@ -184,6 +184,18 @@ def _choice(env: Mapping[str, str], key: str, choices: Tuple[str, ...]) -> str:
     if raw not in choices:
         raise ValueError(f"{key}={env[key]!r} is not one of " + ", ".join(choices))
     return raw
+
+
+def _bool_or_auto(env: Mapping[str, str], key: str, default: str) -> str:
+    """The value as "1", "0" or "auto" (a boolean, or auto)."""
+    raw = (env.get(key) or "").lower()
+    if raw == "auto":
+        return raw
+    try:
+        return "1" if _bool(env, key, default == "1") else "0"
+    except ValueError:
+        raise ValueError(f"{key}={env[key]!r} is not a boolean or auto; use 1, 0 or auto") \
+            from None
 
 
 def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:

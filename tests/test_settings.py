@@ -10,7 +10,7 @@ def test_defaults():
         64 * 1024 * 1024, True, None)
     assert (s.cycle_time_ms, s.cache_capacity) == (1.0, 1024)
     assert (s.shm_threshold, s.shm_buffer) == (256 * 1024, 64 * 1024 * 1024)
-    assert (s.cma, s.cma_threshold) == (True, 8 * 1024 * 1024)
+    assert (s.cma, s.cma_threshold) == ("1", 8 * 1024 * 1024)
 
 
 def test_values_are_parsed():
@@ -21,7 +21,9 @@ def test_values_are_parsed():
     assert (s.fusion_threshold, s.cycle_time_ms, s.cache_capacity, s.abort_on_exception,
             s.node_names) == (1024, 2.5, 64, False, ("a", "a", "b"))
     assert (s.shm_threshold, s.shm_buffer) == (0, 4096)
-    assert (s.cma, s.cma_threshold) == (False, 65536)
+    assert (s.cma, s.cma_threshold) == ("0", 65536)
+    assert Settings.from_env({"HVDLIKE_CMA": "AUTO"}).cma == "auto"
+    assert Settings.from_env({"HVDLIKE_CMA": "yes"}).cma == "1"
 
 
 def test_overlap_and_timeline_settings():
@@ -57,7 +59,7 @@ def test_stall_and_log_settings():
     ("HVDLIKE_CYCLE_TIME", "0", "more than 0"),
     ("HVDLIKE_SHM_BUFFER", "-5", "must be >= 0"),
     ("HVDLIKE_SHM_THRESHOLD", "1MiB", "not an integer"),
-    ("HVDLIKE_CMA", "auto", "not a boolean"),
+    ("HVDLIKE_CMA", "sometimes", "use 1, 0 or auto"),
     ("HVDLIKE_CMA_THRESHOLD", "-1", "must be >= 0"),
 ])
 def test_bad_values_name_the_variable(key, value, words):

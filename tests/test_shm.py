@@ -114,6 +114,33 @@ def test_auto_tries_both_algorithms_per_size_then_every_rank_keeps_the_same():
         assert r["picked"] == results[0]["picked"]  # one choice, the same everywhere
 
 
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_cma_auto_tries_single_copy_and_the_window_per_size_then_every_rank_keeps_the_same(
+        nranks, tmp_path):
+    sizes = [MIB, 3 * MIB]
+    results = run_mpi(nranks, "shm_cases:cma_auto_choice", timeout=120, sizes=sizes, after=2,
+                      timeline=str(tmp_path / "timeline.json"),
+                      env={"HVDLIKE_CMA": "auto", "HVDLIKE_CMA_THRESHOLD": str(MIB)})
+    classes = sorted(n.bit_length() for n in sizes)
+    for rank, r in enumerate(results):
+        at, trials = 0, r["trials"]
+        for nbytes in sizes:  # right during the trials and after the choice
+            for i in range(r["calls"]):
+                want = sum(inputs(nbytes, "float32", q + i) for q in range(nranks))
+                np.testing.assert_array_equal(r["sums"][at], want, err_msg=f"rank {rank}")
+                at += 1
+        assert trials >= 3 and sorted(r["picked"]) == classes, r
+        assert all(tried == (trials, trials) for tried in r["tried"].values()), r
+        assert r["picked"] == results[0]["picked"]  # one choice, the same everywhere
+        # what ran: one untimed single copy, the two alternating, then the one kept
+        want_ran = []
+        for nbytes in sizes:
+            kept = "SHM_ALLREDUCE" if r["picked"][nbytes.bit_length()] else "CMA_ALLREDUCE"
+            want_ran += (["CMA_ALLREDUCE"] + ["CMA_ALLREDUCE", "SHM_ALLREDUCE"] * trials
+                         + [kept] * (r["calls"] - 1 - 2 * trials))
+        assert r["ran"] == want_ran, (rank, r["ran"])
+
+
 def test_shared_memory_can_be_turned_off():
     results = run_mpi(4, "shm_cases:who_uses_shared_memory", timeout=120,
                       env={"HVDLIKE_SHM_BUFFER": "0"})

@@ -32,7 +32,10 @@ InPlacePass = Callable[[np.ndarray], None]
 _pool = fusion.BufferPool()
 results = ResultCache()
 ALLREDUCES = ("allreduce", "grouped_allreduce")
+# per reducer: flat or hierarchical (HVDLIKE_HIERARCHICAL_ALLREDUCE=auto); per single-copy
+# reducer: single copy or the window (HVDLIKE_CMA=auto)
 _choices: "weakref.WeakKeyDictionary[Any, AlgorithmChoice]" = weakref.WeakKeyDictionary()
+_cma_choices: "weakref.WeakKeyDictionary[Any, AlgorithmChoice]" = weakref.WeakKeyDictionary()
 
 
 class Work(NamedTuple):
@@ -227,7 +230,7 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         clock.done("PRESCALE_OR_CAST")
     elements = sum(a.size for a in arrays)
     total = elements * work.itemsize
-    shm = _on_node_reducer(st, ps, total)
+    shm, cma_choice = _on_node_reducer(st, ps, total)
     if not as_is:
         recvs = sends
     elif shm is not None and shm is ps._cma and len(arrays) > 1:
@@ -246,7 +249,7 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         choice = _choices.get(shm)
         if choice is None:
             choice = _choices[shm] = AlgorithmChoice(ps._comm)
-        use_shm = choice.hierarchical(total)
+        use_shm = choice.second(total)
     started = time.perf_counter()
     if ps.size() == 1:  # the reduction over one rank is the identity: a copy per tensor
         for send, recv in zip(sends, recvs):
@@ -283,21 +286,30 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         clock.done("MEMCPY_OUT_FUSION_BUFFER")
     if choice is not None:
         choice.record(total, use_shm, time.perf_counter() - started)
+    if cma_choice is not None:
+        cma_choice.record(total, shm is not ps._cma, time.perf_counter() - started)
     out = [_result(r, a.dtype, empty) for r, a in zip(recvs, arrays)]
     if work != dtype and dtype.kind != "b":
         clock.done("CAST_OUT")
     return out
 
 
-def _on_node_reducer(st: Any, ps: Any, nbytes: int) -> Any:
+def _on_node_reducer(st: Any, ps: Any, nbytes: int) -> Tuple[Any, Optional[AlgorithmChoice]]:
     """What reduces a bucket of ``nbytes`` inside the node (the same on every rank): the
     single-copy reducer from HVDLIKE_CMA_THRESHOLD bytes, the shared-memory window (or
-    hierarchical) from HVDLIKE_SHM_THRESHOLD; None: MPI."""
+    hierarchical) from HVDLIKE_SHM_THRESHOLD; None: MPI. With HVDLIKE_CMA=auto, on one
+    node, single copy or the window as measured per size class: then also the choice, to be
+    told the bucket's time."""
     if ps._shm is None or nbytes < st.settings.shm_threshold:
-        return None
+        return None, None
     if ps._cma is not None and nbytes >= st.settings.cma_threshold:
-        return ps._cma
-    return ps._shm if ps._shm.reserve(nbytes) else None
+        if st.settings.cma != "auto" or ps._shm.across is not None or not ps._shm.reserve(nbytes):
+            return ps._cma, None
+        choice = _cma_choices.get(ps._cma)
+        if choice is None:
+            choice = _cma_choices[ps._cma] = AlgorithmChoice(ps._comm, ("single copy", "window"))
+        return (ps._shm if choice.second(nbytes) else ps._cma), choice
+    return (ps._shm if ps._shm.reserve(nbytes) else None), None
 
 
 def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],

@@ -111,6 +111,31 @@ def auto_choice(sizes: List[int], after: int) -> Dict[str, Any]:
                 tried={c: (len(f), len(h)) for c, (f, h) in choice._times.items()})
 
 
+def cma_auto_choice(sizes: List[int], after: int, timeline: str) -> Dict[str, Any]:
+    """All-reduces of each size under HVDLIKE_CMA=auto, as many as the warm-up and trials
+    take plus ``after``: every result, which reducer ran each call (from the timeline), and
+    what the choice tried and kept per size class."""
+    import json
+    import os
+    from hvdlike.engine import choice as auto, execute
+    calls = 1 + 2 * auto.TRIALS + after
+    sums = []
+    hvd.start_timeline(timeline)
+    for nbytes in sizes:
+        for i in range(calls):
+            x = inputs(nbytes, "float32", hvd.rank() + i)
+            sums.append(hvd.allreduce(x, op=hvd.Sum, name=f"cma.{nbytes}.{i}"))
+    hvd.stop_timeline()
+    root, ext = os.path.splitext(timeline)
+    with open(f"{root}.rank{hvd.rank()}{ext}") as f:
+        events = json.load(f)
+    ran = [e["name"] for e in sorted(events, key=lambda e: e.get("ts", 0))
+           if e["name"] in ("CMA_ALLREDUCE", "SHM_ALLREDUCE", "MPI_ALLREDUCE")]
+    choice = execute._cma_choices[hvd.global_process_set._cma]
+    return dict(sums=sums, calls=calls, trials=auto.TRIALS, ran=ran, picked=dict(choice.picked),
+                tried={c: (len(f), len(h)) for c, (f, h) in choice._times.items()})
+
+
 def _refused(*args: Any) -> int:
     """A process_vm_readv/writev that fails as the kernel's refusal does (it can be undone,
     unlike :func:`_deny_cross_memory_attach`)."""
