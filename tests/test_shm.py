@@ -141,6 +141,24 @@ def test_cma_auto_tries_single_copy_and_the_window_per_size_then_every_rank_keep
         assert r["ran"] == want_ran, (rank, r["ran"])
 
 
+@pytest.mark.parametrize("nranks,keep_window", [(2, False), (4, True)],
+                         ids=["np2-single_copy_kept", "np4-window_kept"])
+def test_cma_auto_grows_the_window_only_for_the_buckets_it_runs(nranks, keep_window, tmp_path):
+    first, larger = 4 * MIB, 6 * MIB  # one size class; the window takes 4 MiB at least
+    results = run_mpi(nranks, "shm_cases:cma_auto_window_growth", timeout=120, first=first,
+                      larger=larger, keep_window=keep_window,
+                      timeline=str(tmp_path / "timeline.json"),
+                      env={"HVDLIKE_CMA": "auto", "HVDLIKE_CMA_THRESHOLD": str(MIB)})
+    want = sum(inputs(larger, "float32", q) for q in range(nranks))
+    for rank, r in enumerate(results):
+        np.testing.assert_array_equal(r["total"], want, err_msg=f"rank {rank}")
+        assert r["before"] == first, r  # the window's trials ran at 4 MiB
+        if keep_window:
+            assert (r["ran"], r["after"]) == (["SHM_ALLREDUCE"], 8 * MIB), r
+        else:
+            assert (r["ran"], r["after"]) == (["CMA_ALLREDUCE"], first), r
+
+
 def test_shared_memory_can_be_turned_off():
     results = run_mpi(4, "shm_cases:who_uses_shared_memory", timeout=120,
                       env={"HVDLIKE_SHM_BUFFER": "0"})

@@ -303,12 +303,16 @@ def _on_node_reducer(st: Any, ps: Any, nbytes: int) -> Tuple[Any, Optional[Algor
     if ps._shm is None or nbytes < st.settings.shm_threshold:
         return None, None
     if ps._cma is not None and nbytes >= st.settings.cma_threshold:
-        if st.settings.cma != "auto" or ps._shm.across is not None or not ps._shm.reserve(nbytes):
+        if st.settings.cma != "auto" or ps._shm.across is not None:
             return ps._cma, None
         choice = _cma_choices.get(ps._cma)
         if choice is None:
             choice = _cma_choices[ps._cma] = AlgorithmChoice(ps._comm, ("single copy", "window"))
-        return (ps._shm if choice.second(nbytes) else ps._cma), choice
+        if not choice.second(nbytes):  # the window grows only for the buckets it runs
+            return ps._cma, choice
+        if ps._shm.reserve(nbytes):
+            return ps._shm, choice
+        return ps._cma, None  # the window cannot grow to this size: single copy, untimed
     return (ps._shm if ps._shm.reserve(nbytes) else None), None
 
 

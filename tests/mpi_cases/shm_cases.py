@@ -136,6 +136,31 @@ def cma_auto_choice(sizes: List[int], after: int, timeline: str) -> Dict[str, An
                 tried={c: (len(f), len(h)) for c, (f, h) in choice._times.items()})
 
 
+def cma_auto_window_growth(first: int, larger: int, keep_window: bool,
+                           timeline: str) -> Dict[str, Any]:
+    """Under HVDLIKE_CMA=auto: all-reduces of ``first`` bytes until their size class is
+    decided, the decision then set to ``keep_window`` on every rank (as if measured so), then
+    one all-reduce of ``larger`` bytes (the same class): the window's capacity before and after
+    it, which reducer ran it (from the timeline), and its sum."""
+    import json
+    import os
+    from hvdlike.engine import choice as auto, execute
+    for i in range(1 + 2 * auto.TRIALS):
+        hvd.allreduce(inputs(first, "float32", hvd.rank() + i), op=hvd.Sum, name=f"first.{i}")
+    choice = execute._cma_choices[hvd.global_process_set._cma]
+    assert list(choice.picked) == [first.bit_length()] == [larger.bit_length()], choice.picked
+    choice.picked[first.bit_length()] = keep_window
+    window = hvd.global_process_set._shm
+    before = window._capacity
+    hvd.start_timeline(timeline)
+    total = hvd.allreduce(inputs(larger, "float32", hvd.rank()), op=hvd.Sum, name="larger")
+    hvd.stop_timeline()
+    root, ext = os.path.splitext(timeline)
+    with open(f"{root}.rank{hvd.rank()}{ext}") as f:
+        ran = [e["name"] for e in json.load(f) if e["name"] in ("CMA_ALLREDUCE", "SHM_ALLREDUCE")]
+    return dict(before=before, after=window._capacity, ran=ran, total=total)
+
+
 def _refused(*args: Any) -> int:
     """A process_vm_readv/writev that fails as the kernel's refusal does (it can be undone,
     unlike :func:`_deny_cross_memory_attach`)."""
