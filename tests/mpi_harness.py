@@ -55,16 +55,41 @@ def launch(np: int, argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT,
         cmd = launcher(list(argv))
     else:
         cmd = [sys.executable, "-m", "hvdlike.runner", "-np", str(np), *argv] if mpi else list(argv)
+    state = _state_dir(argv)
+    kept = set(state.iterdir()) if state is not None and state.is_dir() else None
     job = _run(cmd, full_env, timeout)
     if startup_failed(job.output, job.seconds):
+        if state is not None:  # a later launch (a restart) may be what failed to start,
+            _restore(state, kept)  # after the first committed state: start from nothing again
         job = _run(cmd, full_env, timeout)
     return job
 
 
+def _state_dir(argv: Sequence[str]) -> Optional[Path]:
+    """hvdlikerun's ``--state-dir`` in ``argv``, if any."""
+    argv = [str(a) for a in argv]
+    return Path(argv[argv.index("--state-dir") + 1]) if "--state-dir" in argv else None
+
+
+def _restore(directory: Path, kept: Optional[set]) -> None:
+    """Remove what a job wrote into ``directory``: all of it when it did not exist before
+    (``kept`` None), else every entry not in ``kept``."""
+    import shutil
+    if kept is None:
+        shutil.rmtree(directory, ignore_errors=True)
+        return
+    for entry in set(directory.iterdir()) - kept:
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def startup_failed(output: str, seconds: float) -> bool:
     """Open MPI's launcher now and then cannot start its PMIx server, or (on the test
-    cluster, once in CI) its daemon on the second host: nothing ran yet, which says nothing
-    about the job, and the caller starts it once more."""
+    cluster, once in CI) its daemon on the second host: nothing ran yet (or, under
+    ``hvdlikerun --restarts``, a restart did not start), which says nothing about the job, and
+    the caller starts it once more."""
     if "The PMIx server's listener thread failed to start" in output and seconds < 5:
         what = "Open MPI's PMIx server did not start"
     elif "A daemon failed to report back after being spawned" in output and \
