@@ -105,7 +105,7 @@ def test_keras_training_across_hosts_equals_one_process_with_the_global_batch(cl
     the weights one process reaches with the global batch (rtol 1e-5), on every rank."""
     pytest.importorskip("tensorflow", reason="needs TensorFlow (pip install -e .[tf])")
     env = {"PYTHONPATH": str(REPO), "OMPI_MCA_osc": "^ucx", "OMPI_ALLOW_RUN_AS_ROOT": "1",
-           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HVDLIKE_TEST_CHECKS": ",".join(TRAIN_CHECKS)}
     job = run_script(2, "train_checks.py", timeout=300, env=env,
                      launcher=_launcher(cluster, [1, 1], env))
     for check in TRAIN_CHECKS:

@@ -1,6 +1,7 @@
 """Shared setup for TF test workers: threads, init, and the CHECK reporter."""
 import os
 import sys
+import time
 import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -24,13 +25,18 @@ ONLY = [c for c in os.environ.get("HVDLIKE_TEST_CHECKS", "").split(",") if c]
 
 
 def check(name):
-    """Decorator: run the check now, print ``CHECK name rank=r OK`` or the failure."""
+    """Decorator: run the check now, print ``CHECK name rank=r OK`` (and ``TIMING name rank=r
+    seconds``) or the failure."""
     def deco(fn):
         if ONLY and name not in ONLY:
             return fn
+        started = time.perf_counter()
         try:
             fn()
             print(f"CHECK {name} rank={hvd.rank()} OK", flush=True)
+            # what a check costs, to find the slow ones: grep '^TIMING' in a job's output
+            print(f"TIMING {name} rank={hvd.rank()} {time.perf_counter() - started:.2f} s",
+                  flush=True)
         except Exception:  # report and continue with the next check
             FAILED.append(name)
             print(f"CHECK {name} rank={hvd.rank()} FAIL\n{traceback.format_exc()}", flush=True)
