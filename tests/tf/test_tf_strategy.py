@@ -29,8 +29,8 @@ CHECKS = [
 WORLDS = {
     "np1_without_mpirun": (1, False, {}),
     "np2_keras3": (2, True, {}),
-    "np2_tf_keras": (2, True, {"TF_USE_LEGACY_KERAS": "1"}),
-    "np2_keras3_shm": (2, True, {"HVDLIKE_SHM_THRESHOLD": "0"}),  # reductions via shared memory
+    # tf_keras, with every reduction through the on-node shared-memory transport
+    "np2_tf_keras_shm": (2, True, {"TF_USE_LEGACY_KERAS": "1", "HVDLIKE_SHM_THRESHOLD": "0"}),
 }
 NATIVE_CHECKS = [
     "export_tf_config_starts_native_multiworker_strategy",
