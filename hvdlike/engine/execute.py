@@ -230,7 +230,7 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         clock.done("PRESCALE_OR_CAST")
     elements = sum(a.size for a in arrays)
     total = elements * work.itemsize
-    shm, cma_choice = _on_node_reducer(st, ps, total)
+    shm, trial = _on_node_reducer(st, ps, total)
     if not as_is:
         recvs = sends
     elif shm is not None and shm is ps._cma and len(arrays) > 1:
@@ -243,13 +243,6 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
             offset += a.size
     else:
         recvs = [empty(a.shape, work) for a in arrays]
-    use_shm = shm is not None
-    choice = None
-    if use_shm and shm.across is not None and st.settings.hierarchical_allreduce == "auto":
-        choice = _choices.get(shm)
-        if choice is None:
-            choice = _choices[shm] = AlgorithmChoice(ps._comm)
-        use_shm = choice.second(total)
     started = time.perf_counter()
     if ps.size() == 1:  # the reduction over one rank is the identity: a copy per tensor
         for send, recv in zip(sends, recvs):
@@ -258,7 +251,7 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
             if scale is not None:
                 scale(recv)
         clock.done("SINGLE_RANK_COPY")
-    elif use_shm:
+    elif shm is not None:
         _shm_allreduce(shm, sends, recvs, wire, scale, work)
         clock.done("HIERARCHICAL_ALLREDUCE" if shm.across is not None else
                    "CMA_ALLREDUCE" if shm is ps._cma else "SHM_ALLREDUCE")
@@ -284,36 +277,50 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
             offset += r.size
         _pool.release(base)
         clock.done("MEMCPY_OUT_FUSION_BUFFER")
-    if choice is not None:
-        choice.record(total, use_shm, time.perf_counter() - started)
-    if cma_choice is not None:
-        cma_choice.record(total, shm is not ps._cma, time.perf_counter() - started)
+    if trial is not None:  # an ``auto`` choice still trying both: tell it the time
+        choice, second = trial
+        choice.record(total, second, time.perf_counter() - started)
     out = [_result(r, a.dtype, empty) for r, a in zip(recvs, arrays)]
     if work != dtype and dtype.kind != "b":
         clock.done("CAST_OUT")
     return out
 
 
-def _on_node_reducer(st: Any, ps: Any, nbytes: int) -> Tuple[Any, Optional[AlgorithmChoice]]:
+def _on_node_reducer(st: Any, ps: Any,
+                     nbytes: int) -> Tuple[Any, Optional[Tuple[AlgorithmChoice, bool]]]:
     """What reduces a bucket of ``nbytes`` inside the node (the same on every rank): the
     single-copy reducer from HVDLIKE_CMA_THRESHOLD bytes, the shared-memory window (or
-    hierarchical) from HVDLIKE_SHM_THRESHOLD; None: MPI. With HVDLIKE_CMA=auto, on one
-    node, single copy or the window as measured per size class: then also the choice, to be
-    told the bucket's time."""
+    hierarchical) from HVDLIKE_SHM_THRESHOLD; None: MPI. Where an ``auto`` setting chooses
+    (HVDLIKE_CMA on one node: single copy or the window; HVDLIKE_HIERARCHICAL_ALLREDUCE:
+    flat MPI or hierarchical), also the choice and whether this bucket runs its second
+    algorithm, to be told the bucket's time."""
     if ps._shm is None or nbytes < st.settings.shm_threshold:
         return None, None
     if ps._cma is not None and nbytes >= st.settings.cma_threshold:
         if st.settings.cma != "auto" or ps._shm.across is not None:
             return ps._cma, None
-        choice = _cma_choices.get(ps._cma)
-        if choice is None:
-            choice = _cma_choices[ps._cma] = AlgorithmChoice(ps._comm, ("single copy", "window"))
+        choice = _choice(_cma_choices, ps._cma, ps._comm, ("single copy", "window"))
         if not choice.second(nbytes):  # the window grows only for the buckets it runs
-            return ps._cma, choice
+            return ps._cma, (choice, False)
         if ps._shm.reserve(nbytes):
-            return ps._shm, choice
+            return ps._shm, (choice, True)
         return ps._cma, None  # the window cannot grow to this size: single copy, untimed
-    return (ps._shm if ps._shm.reserve(nbytes) else None), None
+    if not ps._shm.reserve(nbytes):
+        return None, None
+    if ps._shm.across is None or st.settings.hierarchical_allreduce != "auto":
+        return ps._shm, None
+    choice = _choice(_choices, ps._shm, ps._comm, ("flat", "hierarchical"))
+    hierarchical = choice.second(nbytes)
+    return (ps._shm if hierarchical else None), (choice, hierarchical)
+
+
+def _choice(table: "weakref.WeakKeyDictionary[Any, AlgorithmChoice]", reducer: Any, comm: Any,
+            names: Tuple[str, str]) -> AlgorithmChoice:
+    """The ``auto`` choice kept for ``reducer`` in ``table``, made on first use."""
+    choice = table.get(reducer)
+    if choice is None:
+        choice = table[reducer] = AlgorithmChoice(comm, names)
+    return choice
 
 
 def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],

@@ -11,6 +11,7 @@ import numpy as np
 
 import hvdlike as hvd
 from hvdlike.transport import cma, shm
+from timeline_cases import read_own
 
 OPS = ["Sum", "Average", "Min", "Max", "Product"]
 
@@ -115,8 +116,6 @@ def cma_auto_choice(sizes: List[int], after: int, timeline: str) -> Dict[str, An
     """All-reduces of each size under HVDLIKE_CMA=auto, as many as the warm-up and trials
     take plus ``after``: every result, which reducer ran each call (from the timeline), and
     what the choice tried and kept per size class."""
-    import json
-    import os
     from hvdlike.engine import choice as auto, execute
     calls = 1 + 2 * auto.TRIALS + after
     sums = []
@@ -126,10 +125,7 @@ def cma_auto_choice(sizes: List[int], after: int, timeline: str) -> Dict[str, An
             x = inputs(nbytes, "float32", hvd.rank() + i)
             sums.append(hvd.allreduce(x, op=hvd.Sum, name=f"cma.{nbytes}.{i}"))
     hvd.stop_timeline()
-    root, ext = os.path.splitext(timeline)
-    with open(f"{root}.rank{hvd.rank()}{ext}") as f:
-        events = json.load(f)
-    ran = [e["name"] for e in sorted(events, key=lambda e: e.get("ts", 0))
+    ran = [e["name"] for e in sorted(read_own(timeline), key=lambda e: e.get("ts", 0))
            if e["name"] in ("CMA_ALLREDUCE", "SHM_ALLREDUCE", "MPI_ALLREDUCE")]
     choice = execute._cma_choices[hvd.global_process_set._cma]
     return dict(sums=sums, calls=calls, trials=auto.TRIALS, ran=ran, picked=dict(choice.picked),
@@ -142,8 +138,6 @@ def cma_auto_window_growth(first: int, larger: int, keep_window: bool,
     decided, the decision then set to ``keep_window`` on every rank (as if measured so), then
     one all-reduce of ``larger`` bytes (the same class): the window's capacity before and after
     it, which reducer ran it (from the timeline), and its sum."""
-    import json
-    import os
     from hvdlike.engine import choice as auto, execute
     for i in range(1 + 2 * auto.TRIALS):
         hvd.allreduce(inputs(first, "float32", hvd.rank() + i), op=hvd.Sum, name=f"first.{i}")
@@ -155,9 +149,8 @@ def cma_auto_window_growth(first: int, larger: int, keep_window: bool,
     hvd.start_timeline(timeline)
     total = hvd.allreduce(inputs(larger, "float32", hvd.rank()), op=hvd.Sum, name="larger")
     hvd.stop_timeline()
-    root, ext = os.path.splitext(timeline)
-    with open(f"{root}.rank{hvd.rank()}{ext}") as f:
-        ran = [e["name"] for e in json.load(f) if e["name"] in ("CMA_ALLREDUCE", "SHM_ALLREDUCE")]
+    ran = [e["name"] for e in read_own(timeline)
+           if e["name"] in ("CMA_ALLREDUCE", "SHM_ALLREDUCE")]
     return dict(before=before, after=window._capacity, ran=ran, total=total)
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import hvdlike as hvd
 
 
-def _read(path: str) -> List[Dict[str, Any]]:
+def read_own(path: str) -> List[Dict[str, Any]]:
+    """The events of this rank's timeline file for ``path`` (``.rank<r>`` added)."""
     root, ext = os.path.splitext(path)
     with open(f"{root}.rank{hvd.rank()}{ext}") as f:
         return json.load(f)
@@ -42,7 +43,7 @@ def phases(path: str, delay: float) -> Dict[str, Any]:
     hvd.allreduce(np.ones(4), name="late")
     hvd.stop_timeline()
     hvd.allreduce(np.ones(4), name="after_stop")
-    rows = _rows(_read(path))
+    rows = _rows(read_own(path))
     return {name: [(e["name"], e["dur"], e.get("args", {})) for e in events]
             for name, events in rows.items()}
 
@@ -54,7 +55,7 @@ def start_and_stop(path: str) -> Dict[str, Any]:
     hvd.allreduce(np.ones(4), name="during")
     hvd.stop_timeline()
     hvd.allreduce(np.ones(4), name="after")
-    events = _read(path)
+    events = read_own(path)
     try:
         hvd.start_timeline("")
         error = None
@@ -72,4 +73,4 @@ def single_rank(path: str) -> Dict[str, Any]:
     out = hvd.grouped_allreduce(xs, name="single", postscale_factor=2.0)
     hvd.stop_timeline()
     return dict(out=[o.tolist() for o in out], dtypes=[str(o.dtype) for o in out],
-                phases=[e["name"] for e in _rows(_read(path))["single"]])
+                phases=[e["name"] for e in _rows(read_own(path))["single"]])
