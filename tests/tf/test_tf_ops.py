@@ -27,6 +27,7 @@ CHECKS = [
     "horovod_gradient_cases_eager_function_and_v1_graph",
     "horovod_prescale_postscale_and_dtypes",
     "horovod_port_names",
+    "horovod_mpi_ops_module",
 ]
 
 WORLDS = {"np1_without_mpirun": (1, False), "np2": (2, True), "np4": (4, True)}

@@ -571,3 +571,22 @@ def _():
     assert float(model.layers[1].kernel[0, 0]) == float(r)
 
 close()
+
+
+@check("horovod_mpi_ops_module")
+def _():
+    """Scripts (custom compressors, above all) that import from Horovod's mpi_ops module."""
+    from hvdlike.tensorflow import mpi_ops
+    from hvdlike.tensorflow.mpi_ops import _allreduce, allgather, rank, size, Sum, Average
+    assert (rank(), size()) == (r, n) and mpi_ops.broadcast is hvd.broadcast is hvd.mpi_ops.broadcast
+    x = tf.constant(x_of(r))
+    assert_close(_allreduce(x), np.sum(ALL, axis=0))  # Horovod's raw op sums
+    assert_close(_allreduce(x, op=Average, name="mpi_ops.avg"), np.mean(ALL, axis=0))
+    assert_close(tf.function(lambda t: _allreduce(t, op=Sum, postscale_factor=2.0))(x),
+                 2 * np.sum(ALL, axis=0))
+    assert allgather(tf.constant([r])).numpy().tolist() == list(range(n))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.reduce_sum(_allreduce(x) * (r + 1))
+    # the gradient of a Sum all-reduce is the Sum all-reduce of the incoming gradients
+    assert_close(tape.gradient(y, x), np.full((2, 3), n * (n + 1) / 2))
