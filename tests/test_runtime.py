@@ -241,16 +241,23 @@ def test_btls_the_user_chose_are_kept(tmp_path, chosen):
     ({"SLURM_STEP_NUM_NODES": "2", "PMIX_RANK": "0"}, False),
     ({"PMIX_RANK": "0"}, False),  # some other launcher: not known to be one node
 ])
-def test_one_node_jobs_are_told_from_what_the_launcher_sets(env, one_node, tmp_path):
+def test_the_fabric_btl_stays_only_for_jobs_across_machines_with_an_rdma_device(
+        env, one_node, tmp_path):
     from hvdlike.transport import open_mpi_defaults
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "libmpi.so.40").touch()
+    (tmp_path / "sys" / "infiniband").mkdir(parents=True)
+    devices = [str(tmp_path / "sys" / "infiniband"), str(tmp_path / "sys" / "absent")]
     assert open_mpi_defaults.one_node_job(env) is one_node
     env = dict(env, HOME=str(tmp_path))
-    assert open_mpi_defaults.leave_out_fabric_btl(env, prefix=str(tmp_path)) is one_node
+    no_device = dict(env)  # ofi finds no provider here, whatever the job
+    assert open_mpi_defaults.leave_out_fabric_btl(no_device, str(tmp_path), devices)
+    assert no_device["OMPI_MCA_btl"] == "^ofi"
+    (tmp_path / "sys" / "infiniband" / "mlx5_0").mkdir()  # an RDMA device: ofi may serve
+    assert open_mpi_defaults.leave_out_fabric_btl(env, str(tmp_path), devices) is one_node
     assert env.get("OMPI_MCA_btl") == ("^ofi" if one_node else None)
     site = {}  # another MPI than the embedded one: left as its site configured it
-    assert not open_mpi_defaults.leave_out_fabric_btl(site, prefix=str(tmp_path / "elsewhere"))
+    assert not open_mpi_defaults.leave_out_fabric_btl(site, str(tmp_path / "elsewhere"), [])
     assert "OMPI_MCA_btl" not in site
 
 

