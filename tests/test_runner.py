@@ -367,6 +367,23 @@ def test_usage_errors_exit_2_with_a_clear_message(args, message, tmp_path):
     assert message in done.stderr
 
 
+def test_a_script_that_is_not_executable_is_a_usage_error_saying_how_to_run_it(tmp_path):
+    script, tool = tmp_path / "train.py", tmp_path / "prepare"
+    script.write_text("print('hi')\n")
+    tool.write_text("#!/bin/sh\n")
+    done = run_launcher("-np", "2", str(script), "--epochs", "1", env={"PATH": str(tmp_path)})
+    assert done.returncode == 2
+    assert (f"{script} is not an executable file: run it with Python: hvdlikerun -np 2 python "
+            f"{script} ...") in done.stderr
+    with pytest.raises(LaunchError, match=f"make it executable \\(chmod \\+x {tool}\\)"):
+        build_command(2, [str(tool)], env={"PATH": ""}, mpirun="mpirun", flavor="openmpi")
+    tool.chmod(0o755)  # executable now: the MPI runs it
+    argv, _ = build_command(2, [str(tool)], env={"PATH": ""}, mpirun="mpirun", flavor="openmpi")
+    assert argv[-1] == str(tool)
+    argv, _ = build_command(2, ["python", str(script)], env={"PATH": ""}, mpirun="mpirun",
+                            flavor="openmpi")
+    assert argv[-2:] == ["python", str(script)]
+
 def test_no_mpirun_found_says_how_to_install_one(tmp_path):
     """A python with no mpirun beside it and an empty PATH (symlinked out of the venv)."""
     bindir = tmp_path / "bin"

@@ -165,6 +165,17 @@ def _hydra_args(flavor: Flavor, np: int, hosts: Optional[str], hostfile: Optiona
     return args + ["-genvall"]
 
 
+def _check_runnable(command: str, np: int, search_path: str) -> None:
+    """A file named as the command that the MPI could not execute: say how to run it (Open
+    MPI only says it "could not access an executable")."""
+    if (os.path.isfile(command) and not os.access(command, os.X_OK)
+            and shutil.which(command, path=search_path) is None):
+        how = (f"run it with Python: hvdlikerun -np {np} python {command} ..."
+               if command.endswith(".py") else
+               f"make it executable (chmod +x {command}) or name its interpreter first")
+        raise LaunchError(f"{command} is not an executable file: {how}")
+
+
 def build_command(
     np: int,
     program: Sequence[str],
@@ -202,6 +213,7 @@ def build_command(
     if not program:
         raise LaunchError("no program given: put the command after the options, "
                           "e.g. hvdlikerun -np 2 python train.py")
+    _check_runnable(program[0], np, (env or os.environ).get("PATH", os.defpath))
     if hosts and hostfile:
         raise LaunchError("give either -H/--hosts or --hostfile, not both")
     if hosts is not None:
