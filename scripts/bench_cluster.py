@@ -278,34 +278,10 @@ def plot(results: List[Dict[str, Any]], links: List[str], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--links", default="1gbit,10gbit,none",
-                   help="comma-separated tc rates, 'none' for an unshaped link")
-    p.add_argument("--per-host", default="1,2", help="ranks per host to measure")
-    p.add_argument("--hosts", type=int, default=2)
-    p.add_argument("--min-size", type=parse_size, default=parse_size("1KiB"))
-    p.add_argument("--max-size", type=parse_size, default=parse_size("256MiB"))
-    p.add_argument("--job-timeout", type=float, default=1800,
-                   help="seconds one mpirun job may take before the benchmark stops")
-    p.add_argument("--sizes", help=argparse.SUPPRESS)
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--out", default=str(REPO / "results" / "bench_cluster" / "bench_cluster"))
-    args = p.parse_args()
-    if args.worker:
-        worker([int(s) for s in args.sizes.split(",")], args.worker)
-        return 0
-    from hvdlike.testing.cluster import Cluster, missing_requirements
-    why = missing_requirements()
-    if why:
-        print(f"bench_cluster needs the test cluster: {why}", file=sys.stderr)
-        return 2
-    sizes, s = [], args.min_size
-    while s <= args.max_size:
-        sizes.append(s)
-        s *= 4
-    links = args.links.split(",")
-    tmp = Path(tempfile.mkdtemp(prefix="bench_cluster-"))  # each job's figures
+def measure(args: argparse.Namespace, links: List[str], sizes: List[int],
+            tmp: Path) -> List[Dict[str, Any]]:
+    """Every link, layout and algorithm of the command line: the summarized rows."""
+    from hvdlike.testing.cluster import Cluster
     results: List[Dict[str, Any]] = []
     for link in links:
         with Cluster(hosts=args.hosts, link=None if link == "none" else link,
@@ -323,6 +299,38 @@ def main() -> int:
                     results += summarize(rows, args.hosts, per_host, rate, meta)
                     print(f"  {args.hosts}x{per_host} {algorithm}: "
                           f"{time.time() - started:.0f} s", flush=True)
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--links", default="1gbit,10gbit,none",
+                   help="comma-separated tc rates, 'none' for an unshaped link")
+    p.add_argument("--per-host", default="1,2", help="ranks per host to measure")
+    p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--min-size", type=parse_size, default=parse_size("1KiB"))
+    p.add_argument("--max-size", type=parse_size, default=parse_size("256MiB"))
+    p.add_argument("--job-timeout", type=float, default=1800,
+                   help="seconds one mpirun job may take before the benchmark stops")
+    p.add_argument("--sizes", help=argparse.SUPPRESS)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=str(REPO / "results" / "bench_cluster" / "bench_cluster"))
+    args = p.parse_args()
+    if args.worker:
+        worker([int(s) for s in args.sizes.split(",")], args.worker)
+        return 0
+    from hvdlike.testing.cluster import missing_requirements
+    why = missing_requirements()
+    if why:
+        print(f"bench_cluster needs the test cluster: {why}", file=sys.stderr)
+        return 2
+    sizes, s = [], args.min_size
+    while s <= args.max_size:
+        sizes.append(s)
+        s *= 4
+    links = args.links.split(",")
+    with tempfile.TemporaryDirectory(prefix="bench_cluster-") as tmp:  # each job's figures
+        results = measure(args, links, sizes, Path(tmp))
     print(table(results))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(

@@ -35,6 +35,20 @@ def test_a_shaped_link_queues_one_millisecond_of_its_rate():
         Cluster(hosts=2, link="fast")
 
 
+def test_taking_a_cluster_down_removes_what_its_killed_daemons_left(tmp_path, monkeypatch):
+    """An Open MPI daemon killed on a test host leaves its session directory in the /tmp that
+    every test host shares; a later daemon with its process id would not start."""
+    from test_runner import _stale_session
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    c = Cluster(hosts=2, prefix="hvdz", net=77)  # never built: down() removes what exists
+    left = _stale_session(tmp_path, f"prted.{dead.pid}", c.names[1])
+    unrelated = _stale_session(tmp_path, f"ompi.{dead.pid}", "another-host")
+    c.down()
+    assert not left.exists() and unrelated.exists()
+
+
 def _job(cluster, slots, script, tmp_path):
     """(argv, env) of ``script`` (in tests/mpi_cases) on ``slots[i]`` ranks of host i."""
     mpirun = str(Path(sys.executable).parent / "mpirun")

@@ -384,6 +384,65 @@ def test_a_script_that_is_not_executable_is_a_usage_error_saying_how_to_run_it(t
                             flavor="openmpi")
     assert argv[-2:] == ["python", str(script)]
 
+def _stale_session(base: Path, name: str, host: str) -> Path:
+    """What a launcher killed by SIGKILL leaves: its session directory, rendezvous files in it."""
+    pid = name.split(".")[1]
+    (base / name / "0").mkdir(parents=True)
+    for file in (f"pmix.{host}.tool", f"pmix.{host}.tool.{pid}"):
+        (base / name / file).write_text(f"pmix-server.{pid};tcp4://127.0.0.1:1\n")
+    return base / name
+
+
+def test_only_the_session_dirs_of_dead_launchers_of_this_host_are_removed(tmp_path):
+    from hvdlike.runner import session_dirs
+    dead = []
+    for _ in range(3):
+        p = subprocess.Popen(["true"])
+        p.wait()
+        dead.append(p.pid)
+    host = socket.gethostname().split(".")[0]
+    gone = [_stale_session(tmp_path, f"ompi.{dead[0]}", host),
+            _stale_session(tmp_path, f"prted.{dead[1]}", host)]
+    kept = [_stale_session(tmp_path, f"ompi.{os.getpid()}", host),  # its launcher still runs
+            _stale_session(tmp_path, f"ompi.{dead[2]}", "another-host")]  # its own process ids
+    (tmp_path / "ompi.12").mkdir()  # no rendezvous file: not a session directory we know
+    (tmp_path / "prted.13").write_text("")  # a file
+    removed = session_dirs.remove_stale({"TMPDIR": str(tmp_path)}, hostname=host)
+    assert sorted(removed) == sorted(str(p) for p in gone)
+    assert not any(p.exists() for p in gone) and all(p.exists() for p in kept)
+    assert (tmp_path / "ompi.12").is_dir() and (tmp_path / "prted.13").is_file()
+    assert session_dirs.session_base({"TMPDIR": "/a", "PRTE_MCA_prte_tmpdir_base": "/b"}) == "/b"
+    assert session_dirs.session_base({}) == "/tmp"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare for a PID namespace (process ids from 1)")
+def test_a_killed_launchers_session_dir_does_not_stop_the_next_launch(tmp_path):
+    """Open MPI's launcher cannot start where a killed one with its process id left its
+    session directory; hvdlikerun removes such directories first. A PID namespace makes the
+    ids predictable (bash is 1, what it starts 2, ...)."""
+    mpirun = find_mpirun()
+    if mpirun is None or parse_flavor(version_text(mpirun)) is not Flavor.OPENMPI:
+        pytest.skip("needs Open MPI's mpirun (the session directories are its)")
+    host = socket.gethostname().split(".")[0]
+    env = launcher_env({"TMPDIR": str(tmp_path), "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    in_new_pids = ["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c"]
+    _stale_session(tmp_path, "ompi.2", host)  # plain mpirun's launcher is process 2 here
+    plain = subprocess.run([*in_new_pids, f"{shlex.quote(mpirun)} -np 1 true; exit $?"],
+                           env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    assert plain.returncode != 0 and "listener thread failed to start" in plain.stderr, (
+        "Open MPI now starts despite a stale session directory (rc "
+        f"{plain.returncode}): hvdlike/runner/session_dirs.py may go.\n{plain.stderr[-2000:]}")
+    stale = [_stale_session(tmp_path, f"ompi.{pid}", host) for pid in range(3, 40)]
+    job = subprocess.run([*in_new_pids, shlex.join(
+        [sys.executable, "-m", "hvdlike.runner", "-np", "1", "sh", "-c", "echo ran in $PPID"])],
+        env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    assert job.returncode == 0, job.stderr[-2000:]
+    launcher_pid = int(job.stdout.split("ran in ")[1])  # the rank's parent: prterun
+    assert 3 <= launcher_pid < 40  # so its id was one of those left behind
+    assert not any(p.exists() for p in stale) and os.listdir(tmp_path) == []
+
 def test_no_mpirun_found_says_how_to_install_one(tmp_path):
     """A python with no mpirun beside it and an empty PATH (symlinked out of the venv)."""
     bindir = tmp_path / "bin"

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import horovod_flags
+from . import horovod_flags, session_dirs
 from .abort_watch import OutputWatch
 from .mpi_flavor import Flavor, find_mpirun, parse_flavor, version_text
 
@@ -322,6 +322,7 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
 
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, forward) for sig in handled}
+    session_dirs.remove_stale(env)  # a killed launcher's, which would stop this one's start
     try:
         piped = subprocess.PIPE if watch is not None else None
         proc = subprocess.Popen(list(argv), env=dict(env), stdout=piped, stderr=piped)
@@ -336,6 +337,7 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
             signal.signal(sig, handler)
         if watch is not None:
             watch.finish()
+        session_dirs.remove_stale(env)  # this launcher's, if it was killed
     return 128 - code if code < 0 else code
 
 

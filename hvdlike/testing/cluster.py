@@ -26,6 +26,8 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
+from hvdlike.runner import session_dirs
+
 RUN_DIR = "/run/hvdlike-cluster"
 TOOLS = ("ip", "tc", "unshare", "nsenter", "umount")
 
@@ -194,6 +196,8 @@ exec nsenter --net=/run/netns/$ns --uts={self.dir}/$ns.uts -- /bin/sh -c "$*"
                 os.remove(uts)
         if os.path.isdir(self.dir):
             shutil.rmtree(self.dir, ignore_errors=True)
+        for name in self.names:  # what its killed Open MPI daemons left in the shared /tmp
+            session_dirs.remove_stale(os.environ, hostname=name)
 
     def __enter__(self) -> "Cluster":
         return self.up()

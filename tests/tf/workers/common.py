@@ -1,6 +1,9 @@
 """Shared setup for TF test workers: threads, init, and the CHECK reporter."""
+import contextlib
 import os
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 
@@ -42,6 +45,21 @@ def check(name):
             print(f"CHECK {name} rank={hvd.rank()} FAIL\n{traceback.format_exc()}", flush=True)
         return fn
     return deco
+
+
+@contextlib.contextmanager
+def shared_temp_dir(process_set=None):
+    """A directory rank 0 makes, the same path on every rank; removed (by rank 0, after every
+    rank is done with it) when the block ends."""
+    ps = process_set or hvd.global_process_set
+    path = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdlike-test-") if hvd.rank() == 0
+                                else None, 0, process_set=ps)
+    try:
+        yield path
+    finally:
+        hvd.barrier(process_set=ps)
+        if hvd.rank() == 0:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def close(np_mod=np):

@@ -2,9 +2,8 @@
 (1 server + 2 workers) and np=4 (NUM_SERVERS from argv: 1 + 3, or 2 + 2: shards on two
 servers). Keras ``fit`` and a custom ``tf.function`` loop; Keras 3 or tf_keras."""
 import sys
-import tempfile
 
-from common import assert_close, check, close, hvd, np, tf  # noqa: F401
+from common import assert_close, check, close, hvd, np, shared_temp_dir, tf  # noqa: F401
 
 from hvdlike.tensorflow import compat
 
@@ -153,11 +152,12 @@ def _():
 
 @check("ps_checkpoints_from_the_servers_resume_without_more_updates")
 def _():
-    folder = hvd.broadcast_object(tempfile.mkdtemp() if hvd.rank() == 0 else None, 0)
-    first, _ = trained(0, keras.optimizers.Adam(0.01), total_steps=STEPS * (hvd.size() - NUM_SERVERS),
-                       checkpoint_dir=folder)
-    again, ps = trained(0, keras.optimizers.Adam(0.01), total_steps=STEPS * (hvd.size() - NUM_SERVERS),
-                        checkpoint_dir=folder, seed=99)  # other initial weights: replaced
+    with shared_temp_dir() as folder:
+        first, _ = trained(0, keras.optimizers.Adam(0.01),
+                           total_steps=STEPS * (hvd.size() - NUM_SERVERS), checkpoint_dir=folder)
+        again, ps = trained(0, keras.optimizers.Adam(0.01),
+                            total_steps=STEPS * (hvd.size() - NUM_SERVERS),
+                            checkpoint_dir=folder, seed=99)  # other initial weights: replaced
     for a, b in zip(first.get_weights(), again.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert ps.stats["updates"] == STEPS, ps.stats  # loaded, and nothing more applied

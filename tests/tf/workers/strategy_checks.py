@@ -5,9 +5,8 @@ same data and compares to rtol 1e-5.  Run with any number of ranks (1 without mp
 """
 import json
 import os
-import tempfile
 
-from common import check, close, assert_close, hvd, np, tf
+from common import check, close, assert_close, hvd, np, shared_temp_dir, tf
 
 from hvdlike.tensorflow import compat
 
@@ -252,17 +251,17 @@ def _():
 def _():
     with strategy.scope():
         model = build_and_compile(seed=100 + r)
-    base = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdlike-strategy-") if r == 0 else None)
-    ckpt = tf.train.Checkpoint(model=model)
-    written = None
-    if strategy.extended.should_checkpoint:
-        written = ckpt.write(os.path.join(base, "ckpt"))
-    flags = hvd.allgather_object(written is not None)
-    assert flags == [k == 0 for k in range(n)], flags
-    hvd.barrier()
-    with strategy.scope():
-        restored = build_and_compile(seed=999)
-    tf.train.Checkpoint(model=restored).read(os.path.join(base, "ckpt")).expect_partial()
+    with shared_temp_dir() as base:
+        ckpt = tf.train.Checkpoint(model=model)
+        written = None
+        if strategy.extended.should_checkpoint:
+            written = ckpt.write(os.path.join(base, "ckpt"))
+        flags = hvd.allgather_object(written is not None)
+        assert flags == [k == 0 for k in range(n)], flags
+        hvd.barrier()
+        with strategy.scope():
+            restored = build_and_compile(seed=999)
+        tf.train.Checkpoint(model=restored).read(os.path.join(base, "ckpt")).expect_partial()
     for a, b in zip(restored.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(a, b)
 

@@ -5,10 +5,9 @@ b * size) on the same data and compares.  Run with any number of ranks (1, 2, 4)
 """
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-from common import check, close, assert_close, hvd, np, tf
+from common import check, close, assert_close, hvd, np, shared_temp_dir, tf
 
 from hvdlike.tensorflow import compat
 import hvdlike.keras as hvdk
@@ -291,29 +290,28 @@ def _():
 @check("load_model_restores_wrapped_optimizer_with_state")
 def _():
     m = fit_distributed(hvdk.DistributedOptimizer(keras.optimizers.Adam(0.01)))
-    d = tempfile.mkdtemp() if r == 0 else None
-    d = hvd.broadcast_object(d, 0)
-    path = os.path.join(d, "model.keras")
-    ck = hvdk.callbacks.ModelCheckpoint(path)
-    ck.set_model(m)
-    ck.on_epoch_end(0, {"loss": 1.0})  # writes on rank 0 only
-    hvd.barrier()
-    assert os.path.exists(path)
-    loaded = hvdk.load_model(path, legacy_opts=False)  # Horovod's keyword is accepted
-    from hvdlike.tensorflow.optimizer import is_distributed_optimizer
-    assert is_distributed_optimizer(loaded.optimizer), type(loaded.optimizer).__mro__
-    assert isinstance(loaded.optimizer, keras.optimizers.Adam)
-    for a, b in zip(loaded.optimizer.variables, m.optimizer.variables):
-        assert_close(a, b)
-    # training continues identically from the restored state
-    loaded.fit(local_rows(STEPS, B), local_rows(STEPS, B, Y), batch_size=B, verbose=0,
-               shuffle=False)
-    m.fit(local_rows(STEPS, B), local_rows(STEPS, B, Y), batch_size=B, verbose=0,
-          shuffle=False)
-    for a, b in zip(loaded.get_weights(), m.get_weights()):
-        assert_close(a, b, rtol=RTOL, atol=ATOL)
-    plain = keras.models.load_model(path)  # also loadable without hvdlike
-    assert not is_distributed_optimizer(plain.optimizer)
+    with shared_temp_dir() as d:
+        path = os.path.join(d, "model.keras")
+        ck = hvdk.callbacks.ModelCheckpoint(path)
+        ck.set_model(m)
+        ck.on_epoch_end(0, {"loss": 1.0})  # writes on rank 0 only
+        hvd.barrier()
+        assert os.path.exists(path)
+        loaded = hvdk.load_model(path, legacy_opts=False)  # Horovod's keyword is accepted
+        from hvdlike.tensorflow.optimizer import is_distributed_optimizer
+        assert is_distributed_optimizer(loaded.optimizer), type(loaded.optimizer).__mro__
+        assert isinstance(loaded.optimizer, keras.optimizers.Adam)
+        for a, b in zip(loaded.optimizer.variables, m.optimizer.variables):
+            assert_close(a, b)
+        # training continues identically from the restored state
+        loaded.fit(local_rows(STEPS, B), local_rows(STEPS, B, Y), batch_size=B, verbose=0,
+                   shuffle=False)
+        m.fit(local_rows(STEPS, B), local_rows(STEPS, B, Y), batch_size=B, verbose=0,
+              shuffle=False)
+        for a, b in zip(loaded.get_weights(), m.get_weights()):
+            assert_close(a, b, rtol=RTOL, atol=ATOL)
+        plain = keras.models.load_model(path)  # also loadable without hvdlike
+        assert not is_distributed_optimizer(plain.optimizer)
 
 
 @check("bad_inputs_give_clear_errors")
