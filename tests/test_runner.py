@@ -384,6 +384,7 @@ def test_a_script_that_is_not_executable_is_a_usage_error_saying_how_to_run_it(t
                             flavor="openmpi")
     assert argv[-2:] == ["python", str(script)]
 
+
 def _stale_session(base: Path, name: str, host: str) -> Path:
     """What a launcher killed by SIGKILL leaves: its session directory, rendezvous files in it."""
     pid = name.split(".")[1]
@@ -442,6 +443,7 @@ def test_a_killed_launchers_session_dir_does_not_stop_the_next_launch(tmp_path):
     launcher_pid = int(job.stdout.split("ran in ")[1])  # the rank's parent: prterun
     assert 3 <= launcher_pid < 40  # so its id was one of those left behind
     assert not any(p.exists() for p in stale) and os.listdir(tmp_path) == []
+
 
 def test_no_mpirun_found_says_how_to_install_one(tmp_path):
     """A python with no mpirun beside it and an empty PATH (symlinked out of the venv)."""

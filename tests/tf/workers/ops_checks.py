@@ -570,15 +570,14 @@ def _():
     assert float(model.layers[0].kernel[0, 0]) == 0.0
     assert float(model.layers[1].kernel[0, 0]) == float(r)
 
-close()
-
 
 @check("horovod_mpi_ops_module")
 def _():
     """Scripts (custom compressors, above all) that import from Horovod's mpi_ops module."""
     from hvdlike.tensorflow import mpi_ops
     from hvdlike.tensorflow.mpi_ops import _allreduce, allgather, rank, size, Sum, Average
-    assert (rank(), size()) == (r, n) and mpi_ops.broadcast is hvd.broadcast is hvd.mpi_ops.broadcast
+    assert (rank(), size()) == (r, n)
+    assert mpi_ops.broadcast is hvd.broadcast is hvd.mpi_ops.broadcast
     x = tf.constant(x_of(r))
     assert_close(_allreduce(x), np.sum(ALL, axis=0))  # Horovod's raw op sums
     assert_close(_allreduce(x, op=Average, name="mpi_ops.avg"), np.mean(ALL, axis=0))
@@ -590,3 +589,5 @@ def _():
         y = tf.reduce_sum(_allreduce(x) * (r + 1))
     # the gradient of a Sum all-reduce is the Sum all-reduce of the incoming gradients
     assert_close(tape.gradient(y, x), np.full((2, 3), n * (n + 1) / 2))
+
+close()
