@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Sequence
 
 from . import process_sets as _ps
 from .errors import NotInitializedError
-from . import log, timeline
+from . import log, session_dirs, timeline
 from .settings import Settings, with_horovod_names
 
 
@@ -103,6 +103,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
         for c in made:
             c.Free()
         raise
+    if local_rank == 0:  # once per node: what killed launchers left would stop later jobs
+        session_dirs.remove_stale_from_rank(os.environ)
     local_sizes = [node_of_rank.count(node) for node in set(node_of_rank)]
     _state = _State(
         settings=settings, mpi=MPI, transport=transport, world=world, rank=rank, size=size,

@@ -90,9 +90,9 @@ def startup_failed(output: str, seconds: float) -> bool:
     cluster, once in CI) its daemon on the second host: nothing ran yet (or, under
     ``hvdlikerun --restarts``, a restart did not start), which says nothing about the job, and
     the caller starts it once more. The cause found: a launcher or daemon that a test killed
-    left its session directory, and a later one got its process id (hvdlike/runner/
-    session_dirs.py; hvdlikerun and the test cluster's teardown now remove such directories,
-    jobs started with a plain mpirun do not)."""
+    left its session directory, and a later one got its process id (hvdlike/session_dirs.py;
+    hvdlikerun, hvd.init() on each node and the test cluster's teardown now remove such
+    directories; a plain mpirun of a program that does not call hvd.init() does not)."""
     if "The PMIx server's listener thread failed to start" in output and seconds < 5:
         what = "Open MPI's PMIx server did not start"
     elif "A daemon failed to report back after being spawned" in output and \

@@ -50,6 +50,35 @@ def test_taking_a_cluster_down_removes_what_its_killed_daemons_left(tmp_path, mo
     assert not left.exists() and unrelated.exists()
 
 
+def test_hvd_init_on_each_host_removes_what_killed_daemons_left_there(cluster):
+    """The first rank on each host cleans that host's leftovers (hvdlike/session_dirs.py), so
+    a job under a plain mpirun clears the way for the next one on every host it ran on."""
+    from hvdlike import session_dirs
+    from mpi_harness import launch
+    from test_runner import _stale_session
+    base = Path(session_dirs.session_base(os.environ))
+    dead = []
+    for _ in range(3):
+        p = subprocess.Popen(["true"])
+        p.wait()
+        dead.append(p.pid)
+    stale = [_stale_session(base, f"prted.{dead[0]}", cluster.names[0]),
+             _stale_session(base, f"prted.{dead[1]}", cluster.names[1])]
+    other_host = _stale_session(base, f"prted.{dead[2]}", "another-host")
+    try:
+        env = {"PYTHONPATH": str(REPO), "OMPI_ALLOW_RUN_AS_ROOT": "1",
+               "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        argv = [sys.executable, "-c", "import os, socket, hvdlike as hvd; hvd.init(); "
+                "print('BASE', socket.gethostname(), "
+                "os.path.dirname(os.environ['PMIX_SERVER_TMPDIR']))"]
+        job = launch(2, argv, timeout=120, env=env, launcher=_launcher(cluster, [1, 1], env))
+        assert job.returncode == 0, job.output[-4000:]
+        assert sorted(job.lines("BASE")) == [f"BASE {name} {base}" for name in cluster.names]
+        assert not any(p.exists() for p in stale) and other_host.exists()
+    finally:
+        shutil.rmtree(other_host, ignore_errors=True)
+
+
 def _job(cluster, slots, script, tmp_path):
     """(argv, env) of ``script`` (in tests/mpi_cases) on ``slots[i]`` ranks of host i."""
     mpirun = str(Path(sys.executable).parent / "mpirun")

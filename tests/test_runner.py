@@ -395,7 +395,7 @@ def _stale_session(base: Path, name: str, host: str) -> Path:
 
 
 def test_only_the_session_dirs_of_dead_launchers_of_this_host_are_removed(tmp_path):
-    from hvdlike.runner import session_dirs
+    from hvdlike import session_dirs
     dead = []
     for _ in range(3):
         p = subprocess.Popen(["true"])
@@ -414,6 +414,13 @@ def test_only_the_session_dirs_of_dead_launchers_of_this_host_are_removed(tmp_pa
     assert (tmp_path / "ompi.12").is_dir() and (tmp_path / "prted.13").is_file()
     assert session_dirs.session_base({"TMPDIR": "/a", "PRTE_MCA_prte_tmpdir_base": "/b"}) == "/b"
     assert session_dirs.session_base({}) == "/tmp"
+    in_a_rank = {"PMIX_SERVER_TMPDIR": f"{tmp_path}/prted.77", "TMPDIR": "/a"}
+    assert session_dirs.session_base(in_a_rank) == str(tmp_path)  # where its job's is
+    under_slurm = {"PMIX_SERVER_TMPDIR": str(tmp_path / "pmix.8.0"), "TMPDIR": str(tmp_path)}
+    _stale_session(tmp_path, f"ompi.{dead[0]}", host)
+    assert session_dirs.remove_stale_from_rank(under_slurm) == []  # not Open MPI's launcher
+    assert session_dirs.remove_stale_from_rank({"TMPDIR": str(tmp_path)}) == []  # no launcher
+    assert session_dirs.remove_stale_from_rank(in_a_rank) == [f"{tmp_path}/ompi.{dead[0]}"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -434,7 +441,7 @@ def test_a_killed_launchers_session_dir_does_not_stop_the_next_launch(tmp_path):
                            env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False)
     assert plain.returncode != 0 and "listener thread failed to start" in plain.stderr, (
         "Open MPI now starts despite a stale session directory (rc "
-        f"{plain.returncode}): hvdlike/runner/session_dirs.py may go.\n{plain.stderr[-2000:]}")
+        f"{plain.returncode}): hvdlike/session_dirs.py may go.\n{plain.stderr[-2000:]}")
     stale = [_stale_session(tmp_path, f"ompi.{pid}", host) for pid in range(3, 40)]
     job = subprocess.run([*in_new_pids, shlex.join(
         [sys.executable, "-m", "hvdlike.runner", "-np", "1", "sh", "-c", "echo ran in $PPID"])],
@@ -443,6 +450,43 @@ def test_a_killed_launchers_session_dir_does_not_stop_the_next_launch(tmp_path):
     launcher_pid = int(job.stdout.split("ran in ")[1])  # the rank's parent: prterun
     assert 3 <= launcher_pid < 40  # so its id was one of those left behind
     assert not any(p.exists() for p in stale) and os.listdir(tmp_path) == []
+
+
+def test_hvd_init_under_a_plain_mpirun_removes_what_killed_launchers_left(tmp_path):
+    """A plain mpirun cannot clean up before it starts, but each node's first rank does in
+    hvd.init(), so that the next job on the node starts (see the test above)."""
+    mpirun = find_mpirun()
+    if mpirun is None or parse_flavor(version_text(mpirun)) is not Flavor.OPENMPI:
+        pytest.skip("needs Open MPI's mpirun (the session directories are its)")
+    host = socket.gethostname().split(".")[0]
+    dead = []
+    for _ in range(3):
+        p = subprocess.Popen(["true"])
+        p.wait()
+        dead.append(p.pid)
+    stale = [_stale_session(tmp_path, f"ompi.{dead[0]}", host),
+             _stale_session(tmp_path, f"prted.{dead[1]}", host)]
+    other_host = _stale_session(tmp_path, f"ompi.{dead[2]}", "another-host")
+    env = launcher_env({"TMPDIR": str(tmp_path), "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_osc": "^ucx"})
+
+    def mpirun_np2(code: str) -> subprocess.CompletedProcess:
+        for _ in range(2):  # once more if Open MPI failed to start (see startup_failed)
+            started = time.monotonic()
+            job = subprocess.run([mpirun, "-np", "2", sys.executable, "-c", code], env=env,
+                                 capture_output=True, text=True, timeout=TIMEOUT, check=False)
+            if not startup_failed(job.stdout + job.stderr, time.monotonic() - started):
+                break
+        assert job.returncode == 0, job.stderr[-3000:]
+        return job
+
+    mpirun_np2("from mpi4py import MPI")  # without hvdlike: they stay
+    assert all(p.exists() for p in stale)
+    job = mpirun_np2("import os, hvdlike as hvd; hvd.init(); "
+                     "print(hvd.rank(), os.path.dirname(os.environ['PMIX_SERVER_TMPDIR']))")
+    assert sorted(job.stdout.split("\n")) == ["", f"0 {tmp_path}", f"1 {tmp_path}"]
+    assert not any(p.exists() for p in stale) and other_host.exists()
+    assert os.listdir(tmp_path) == [other_host.name]  # and the job's own went with it
 
 
 def test_no_mpirun_found_says_how_to_install_one(tmp_path):

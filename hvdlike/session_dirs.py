@@ -8,7 +8,9 @@ killed by SIGKILL (a batch system's time limit, the OOM killer, ``hvdlikerun
 cannot create its rendezvous files: it stops with "The PMIx server's listener thread failed
 to start" before starting any rank. OpenPMIx reclaims such files since
 openpmix/openpmix#4046 (2026), newer than the PMIx of Open MPI 5.0.11; until then hvdlikerun
-removes them before and after each launch.
+removes them before and after each launch, and ``hvd.init()`` on each node's first rank of a
+job that Open MPI's launcher started (``mpirun`` included): a plain ``mpirun`` cannot remove
+them before it starts, but every job that runs cleans its nodes for the next one.
 """
 import os
 import re
@@ -20,8 +22,12 @@ _SESSION = re.compile(r"(?:ompi|prted)\.(\d+)")
 
 
 def session_base(env: Mapping[str, str]) -> str:
-    """Where Open MPI's launcher puts its session directories: ``prte_tmpdir_base``, else
+    """Where Open MPI's launcher puts its session directories. In a rank it started: where
+    this job's is (PMIx tells the rank, ``PMIX_SERVER_TMPDIR``). Else ``prte_tmpdir_base``,
     ``TMPDIR``, ``TEMP`` or ``TMP``, else /tmp."""
+    this_job = env.get("PMIX_SERVER_TMPDIR", "")
+    if _SESSION.fullmatch(os.path.basename(this_job)):
+        return os.path.dirname(this_job)
     for name in ("PRTE_MCA_prte_tmpdir_base", "TMPDIR", "TEMP", "TMP"):
         if env.get(name):
             return env[name]
@@ -68,3 +74,12 @@ def remove_stale(env: Mapping[str, str], hostname: Optional[str] = None) -> List
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.path)
     return removed
+
+
+def remove_stale_from_rank(env: Mapping[str, str]) -> List[str]:
+    """``remove_stale`` where this process is a rank that Open MPI 5's launcher started (its
+    job's session directory is ``ompi.<pid>`` or ``prted.<pid>``); else nothing (Slurm, MPICH,
+    no launcher). Returns the paths removed."""
+    if not _SESSION.fullmatch(os.path.basename(env.get("PMIX_SERVER_TMPDIR", ""))):
+        return []
+    return remove_stale(env)
