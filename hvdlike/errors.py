@@ -21,7 +21,9 @@ class RanksFailedError(RuntimeError):
 
     def __init__(self, message: str, failed: List[int]) -> None:
         super().__init__(message)
-        self.failed = failed  # world ranks (of the world before the failure) that died
+        # world ranks (of the world before the failure) that died; [] on a rank that heard
+        # of it only from another survivor (ULFM's revoke), which does not say who
+        self.failed = failed
 
 
 class HostsUpdatedInterrupt(RuntimeError):

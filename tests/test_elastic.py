@@ -138,6 +138,19 @@ def test_without_elastic_run_a_death_under_ulfm_ends_the_job_naming_the_rank():
     assert ended - _killed_at(job.output) <= 10
 
 
+def test_horovods_name_for_the_error_catches_a_death_under_ulfm():
+    """A Horovod script that handles failures itself ports by its import line:
+    ``from hvdlike.common.exceptions import HorovodInternalError`` catches the error on every
+    survivor, at the step where the rank died."""
+    job, _ = _run(4, "caught", 2, ["--elastic"])
+    caught = dict(re.fullmatch(r"CAUGHT rank=(\d) failed=(\[2?\]) step=" + str(KILL_STEP),
+                               line).groups() for line in job.lines("CAUGHT"))
+    assert sorted(caught) == ["0", "1", "3"], job.output[-4000:]
+    # a survivor that heard of it only from another's revoke does not know who died
+    assert "[2]" in caught.values(), caught
+    assert "RESULT" not in job.output
+
+
 def test_plain_mode_kill_ends_the_job_within_10_s_naming_the_rank():
     job, ended = _run(4, "plain", 2)
     assert job.returncode != 0

@@ -9,6 +9,8 @@ that replaced dead ranks under ``hvdlikerun --max-np``):
 - ``before``: before submitting that step's all-reduce;
 - ``during``: right after submitting it (the others may be inside the transfer);
 - ``plain``: ``before``, and the script does not use ``hvdlike.elastic.run``;
+- ``caught``: ``plain``, and the script catches the error by Horovod's name for it
+  (``hvdlike.common.exceptions.HorovodInternalError``) and prints ``CAUGHT``;
 - ``always``: ``before``, in every run of a restarted job;
 - ``oom``: before that step's all-reduce the victim joins the memory cgroup named by
   ``HVDLIKE_TEST_OOM_CGROUP`` (cgroup v1, made by the test with a small limit) and allocates
@@ -63,7 +65,7 @@ def main() -> None:
                      and not resets and not replacement)
             if dying and mode == "oom":
                 run_out_of_memory()
-            if dying and mode in ("before", "plain", "always"):
+            if dying and mode in ("before", "plain", "caught", "always"):
                 die()
             g = gradient(hvd.rank(), hvd.size(), state.step)
             handle = hvd.allreduce_async(g, name="grad")
@@ -78,6 +80,14 @@ def main() -> None:
     if mode == "plain":
         state.sync()
         train(state)
+    elif mode == "caught":
+        from hvdlike.common.exceptions import HorovodInternalError
+        try:
+            state.sync()
+            train(state)
+        except HorovodInternalError as e:
+            print(f"CAUGHT rank={hvd.rank()} failed={e.failed} step={state.step}", flush=True)
+            return
     else:
         hvd.elastic.run(train)(state)
     print("RESULT " + json.dumps({"rank": hvd.rank(), "size": hvd.size(), "w": state.w.tolist(),

@@ -1,0 +1,1 @@
+"""Horovod's ``horovod.common`` import paths that training scripts use (``exceptions``)."""
