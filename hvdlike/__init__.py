@@ -2,7 +2,8 @@
 
 ``import hvdlike as hvd; hvd.init()``; then collectives on NumPy arrays or TensorFlow values
 (those go to ``hvdlike.tensorflow``). This module imports neither MPI (that happens in ``init``)
-nor TensorFlow: the TensorFlow names below load it on first use.
+nor TensorFlow: the TensorFlow names below load it on first use, and ``run`` (Horovod's
+``horovod.run``) the launcher.
 """
 import importlib as _importlib
 from .collectives import (
@@ -62,7 +63,8 @@ from .runtime import (
 __version__ = "0.1.0"
 HorovodInternalError = RanksFailedError  # Horovod's name
 
-_TF_NAMES = {
+_LAZY_NAMES = {  # loaded on first use: TensorFlow, the launcher
+    "hvdlike.runner.run_func": ("run",),
     "hvdlike.tensorflow": ("DistributedOptimizer", "DistributedGradientTape", "Compression",
                            "broadcast_variables", "broadcast_global_variables", "shard_dataset"),
     "hvdlike.tensorflow.keras": ("callbacks", "load_model"),
@@ -70,11 +72,11 @@ _TF_NAMES = {
         "BroadcastGlobalVariablesCallback", "MetricAverageCallback",
         "LearningRateWarmupCallback", "LearningRateScheduleCallback"),
 }
-_TF_MODULE_OF = {name: module for module, names in _TF_NAMES.items() for name in names}
+_LAZY_MODULE_OF = {name: module for module, names in _LAZY_NAMES.items() for name in names}
 
 
 def __getattr__(name: str):  # noqa: ANN201 - module-level lazy attributes
-    module = _TF_MODULE_OF.get(name)
+    module = _LAZY_MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module 'hvdlike' has no attribute {name!r}")
     return getattr(_importlib.import_module(module), name)

@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 API = REPO / "docs" / "api.md"
 MODULES = ["hvdlike", "hvdlike.elastic", "hvdlike.tensorflow", "hvdlike.tensorflow.elastic",
            "hvdlike.tensorflow.keras", "hvdlike.tensorflow.keras.callbacks",
-           "hvdlike.tensorflow.keras.elastic", "hvdlike.keras", "hvdlike.keras.callbacks"]
+           "hvdlike.tensorflow.keras.elastic", "hvdlike.keras", "hvdlike.keras.callbacks",
+           "hvdlike.common.exceptions"]
 INTRO = """# API reference
 
 Every public name of `hvdlike` (NumPy and GPU arrays), `hvdlike.elastic`, `hvdlike.tensorflow`,
@@ -41,7 +42,7 @@ def public_names(module_name: str) -> List[str]:
     submodules and what a module merely imports from elsewhere (typing, NumPy) excluded."""
     module = importlib.import_module(module_name)
     names = set(n for n in dir(module) if not n.startswith("_"))
-    names |= set(getattr(module, "_TF_MODULE_OF", {}))
+    names |= set(getattr(module, "_TF_MODULE_OF", getattr(module, "_LAZY_MODULE_OF", {})))
     return sorted(n for n in names if not isinstance(getattr(module, n), types.ModuleType)
                   and getattr(getattr(module, n), "__module__", "hvdlike").startswith("hvdlike"))
 

@@ -217,15 +217,21 @@ exec nsenter --net=/run/netns/$ns --uts={self.dir}/$ns.uts -- /bin/sh -c "$*"
                     extra: Sequence[str] = ()) -> List[str]:
         """Open MPI's ``mpirun`` with ``slots[i]`` ranks on host i, launched through the agent,
         TCP kept on the cluster's network; run the result on host 0 (``command_on(0, ...)``)."""
-        hosts = ",".join(f"{a}:{n}" for a, n in zip(self.addresses, slots) if n > 0)
+        return [mpirun, "-np", str(sum(slots)), "--host", self.host_list(slots),
+                *self.mpi_options(), *extra, *program]
+
+    def host_list(self, slots: Sequence[int]) -> str:
+        """``address:slots`` of each host with ``slots[i]`` > 0, comma-separated."""
+        return ",".join(f"{a}:{n}" for a, n in zip(self.addresses, slots) if n > 0)
+
+    def mpi_options(self) -> List[str]:
+        """What Open MPI's mpirun needs to run a job on the cluster (besides its hosts)."""
         # every test host shares this machine's cores: always let ranks outnumber them, and
         # make waiting ranks yield so they do not starve each other's TCP progress
-        return [mpirun, "-np", str(sum(slots)), "--host", hosts,
-                "--mca", "plm_rsh_agent", self.agent,
+        return ["--mca", "plm_rsh_agent", self.agent,
                 "--mca", "btl_tcp_if_include", self.subnet,
                 "--mca", "oob_tcp_if_include", self.subnet,
-                "--mca", "mpi_yield_when_idle", "1", "--bind-to", "none", "--oversubscribe",
-                *extra, *program]
+                "--mca", "mpi_yield_when_idle", "1", "--bind-to", "none", "--oversubscribe"]
 
     def link_bytes(self) -> Dict[str, int]:
         """Bytes each host has sent on its cluster link so far."""

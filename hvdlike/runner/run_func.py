@@ -1,0 +1,242 @@
+"""``hvdlike.run(func, ...)``: run a Python function as every rank of a job and get back what
+each rank returned (Horovod's ``horovod.run``, for notebooks and programs that start their own
+training jobs).
+
+The caller listens on a TCP port (``multiprocessing.connection``, authenticated with a random
+key) and starts ``hvdlikerun -np N python -m hvdlike.runner.run_func``. Each rank connects
+back, receives the pickled function and arguments, runs it and sends back its return value or
+its exception, on a connection of its own each time (a long function keeps no connection
+open). The address and the key are in two variables that ``hvdlikerun`` forwards to every
+host; nothing goes through files, so no shared file system is needed.
+
+The function travels by pickle: a module-level function of an importable module, or of the
+caller's main script (each rank then runs that script as ``__mp_main__`` first, as
+``multiprocessing`` does: keep its top-level work under the usual main guard). Lambdas, nested
+functions and functions typed into a notebook need ``cloudpickle``, used when installed.
+"""
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Listener
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .horovod_flags import REFUSED
+
+_ADDRESS = "HVDLIKE_RUN_ADDRESS"  # host:port the ranks connect back to
+_KEY = "HVDLIKE_RUN_AUTHKEY"  # hex of the connection key
+
+try:
+    import cloudpickle as _pickler  # functions by value: lambdas, notebooks
+except ImportError:
+    _pickler = pickle
+
+
+def run(func: Callable[..., Any], args: Sequence[Any] = (),
+        kwargs: Optional[Dict[str, Any]] = None, num_proc: int = 1,
+        hosts: Optional[str] = None, hostfile: Optional[str] = None,
+        output_filename: Optional[str] = None, verbose: Optional[bool] = None,
+        use_mpi: Optional[bool] = None, use_gloo: Optional[bool] = None,
+        mpi_args: Optional[str] = None, network_interface: Optional[str] = None,
+        executable: Optional[str] = None, ssh_port: Optional[int] = None,
+        ssh_identity_file: Optional[str] = None, min_num_proc: Optional[int] = None,
+        max_num_proc: Optional[int] = None, disable_cache: Optional[bool] = None,
+        start_timeout: Optional[int] = None, slots: Optional[int] = None,
+        reset_limit: Optional[int] = None, cooldown_range: Any = None,
+        np: Optional[int] = None) -> List[Any]:
+    """Run ``func(*args, **kwargs)`` on ``num_proc`` ranks started by ``hvdlikerun`` and
+    return the list of their return values, indexed by rank. ``func`` calls ``hvd.init()``
+    itself, as a training script does.
+
+    The other arguments are ``horovod.run``'s and mean what ``hvdlikerun``'s flags of the same
+    names mean (``hosts``: ``host:slots,...``; ``mpi_args``: extra launcher arguments, one
+    shell-quoted string; ``executable``: the Python the ranks run, default this one;
+    ``np``: Horovod's old name of ``num_proc``). ``disable_cache`` changes nothing (hvdlike
+    caches no checks). Raises ValueError for arguments hvdlike cannot honour (``use_gloo``,
+    ``start_timeout``, ``slots``, ``reset_limit``, ``cooldown_range``) and RuntimeError when
+    ``func`` raised on a rank (naming the ranks, with the first one's traceback) or the job
+    ended before every rank returned."""
+    num_proc = np if np is not None else num_proc
+    _check(num_proc, hosts, hostfile, use_mpi, use_gloo, start_timeout, slots, reset_limit,
+           cooldown_range)
+    flags = ["-np", str(num_proc)]
+    for flag, value in (("--hosts", hosts), ("--hostfile", hostfile),
+                        ("--output-filename", output_filename), ("--mpi-args", mpi_args),
+                        ("--network-interface", network_interface), ("--ssh-port", ssh_port),
+                        ("--ssh-identity-file", ssh_identity_file),
+                        ("--min-np", min_num_proc), ("--max-np", max_num_proc)):
+        if value is not None:
+            flags.append(f"{flag}={value}")
+    if verbose:
+        flags.append("--verbose")
+    job = _payload(func, tuple(args), dict(kwargs or {}))
+    key = os.urandom(32)
+    local = hosts is None and hostfile is None
+    with Listener(("127.0.0.1" if local else "0.0.0.0", 0), authkey=key) as listener:
+        port = listener.address[1]
+        address = "127.0.0.1" if local else _reachable_address(hosts, hostfile)
+        env = dict(os.environ, **{_ADDRESS: f"{address}:{port}", _KEY: key.hex()})
+        outcomes: Dict[int, Tuple[str, Any]] = {}
+        server = threading.Thread(target=_serve, args=(listener, job, outcomes), daemon=True)
+        server.start()
+        command = [sys.executable, "-m", "hvdlike.runner", *flags, "--",
+                   executable or sys.executable, "-m", "hvdlike.runner.run_func"]
+        returncode = subprocess.call(command, env=env)
+        with Client(("127.0.0.1", port), authkey=key) as conn:  # ends _serve
+            conn.send(("done",))
+        server.join()
+    return _results(num_proc, returncode, outcomes)
+
+
+def _check(num_proc: Any, hosts: Any, hostfile: Any, use_mpi: Any, use_gloo: Any,
+           start_timeout: Any, slots: Any, reset_limit: Any, cooldown_range: Any) -> None:
+    """ValueError for arguments that cannot be run, before anything starts."""
+    if not isinstance(num_proc, int) or num_proc < 1:
+        raise ValueError(f"hvdlike.run: num_proc must be a whole number >= 1, got {num_proc!r}")
+    if hosts is not None and hostfile is not None:
+        raise ValueError("hvdlike.run: give hosts or hostfile, not both")
+    if use_gloo or use_mpi is False:
+        raise ValueError(f"hvdlike.run: {REFUSED['--gloo']} (use_gloo, use_mpi=False)")
+    if start_timeout is not None:
+        raise ValueError(f"hvdlike.run: start_timeout: {REFUSED['--start-timeout']}")
+    for name, value in (("slots", slots), ("reset_limit", reset_limit),
+                        ("cooldown_range", cooldown_range)):
+        if value is not None:
+            raise ValueError(f"hvdlike.run: {name} is for Horovod's host discovery, which "
+                             "hvdlike's elastic mode does not have (docs/horovod.md); drop it")
+
+
+def _payload(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bytes:
+    """What every rank receives: the function and its arguments, the caller's main script
+    when they refer to it (the ranks run it as ``__mp_main__`` first) and ``sys.path``."""
+    main_path = getattr(sys.modules["__main__"], "__file__", None)
+    if _pickler is pickle and getattr(func, "__module__", None) == "__main__" and \
+            main_path is None:
+        raise ValueError(
+            "hvdlike.run: the function was defined in an interactive session, which the "
+            "ranks cannot import. Define it in a .py file and import it, or install "
+            "cloudpickle (pip install cloudpickle)")
+    try:
+        blob = _pickler.dumps((func, args, kwargs))
+    except Exception as e:  # noqa: BLE001 - pickle raises several types
+        raise ValueError(
+            f"hvdlike.run: cannot pickle the function or its arguments ({e}). Pass a "
+            "function defined at the top level of a module or script, or install cloudpickle "
+            "(pip install cloudpickle) for lambdas, nested functions and notebooks") from e
+    refers_to_main = _pickler is pickle and b"__main__" in blob and main_path is not None
+    return pickle.dumps((blob, os.path.abspath(main_path) if refers_to_main else None,
+                         list(sys.path)))
+
+
+def _reachable_address(hosts: Optional[str], hostfile: Optional[str]) -> str:
+    """This machine's address as the job's hosts reach it: the source address of the route to
+    the first host (no packet is sent), else its host name."""
+    first = ""
+    if hosts:
+        first = hosts.split(",")[0].split(":")[0].strip()
+    elif hostfile:
+        with open(hostfile) as f:
+            lines = [line.split("#")[0].strip() for line in f]
+        first = next((line.split()[0].split(":")[0] for line in lines if line), "")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((first, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return socket.getfqdn()
+
+
+def _serve(listener: Listener, job: bytes, outcomes: Dict[int, Tuple[str, Any]]) -> None:
+    """Answer the ranks until the caller says ``("done",)``: a ``("hello", rank)`` gets the
+    job, a ``(kind, rank, blob)`` is that rank's outcome."""
+    while True:
+        try:
+            with listener.accept() as conn:
+                message = conn.recv()
+                if message[0] == "done":
+                    return
+                if message[0] == "hello":
+                    conn.send_bytes(job)
+                else:
+                    kind, rank, blob = message
+                    outcomes[rank] = (kind, blob)
+        except (OSError, EOFError, AuthenticationError):  # a connection that went wrong
+            continue
+
+
+def _results(num_proc: int, returncode: int,
+             outcomes: Dict[int, Tuple[str, Any]]) -> List[Any]:
+    """The ranks' return values, or RuntimeError saying which ranks raised or never
+    returned."""
+    raised = sorted(r for r, (kind, _) in outcomes.items() if kind == "raised")
+    if raised:
+        text, exc = outcomes[raised[0]][1]
+        try:
+            cause = pickle.loads(exc) if exc is not None else None
+        except Exception:  # noqa: BLE001 - an exception class the caller cannot import
+            cause = None
+        raise RuntimeError(f"hvdlike.run: the function raised on rank(s) {raised}; rank "
+                           f"{raised[0]}'s traceback:\n{text}") from cause
+    missing = [r for r in range(num_proc) if r not in outcomes]
+    if missing:
+        raise RuntimeError(f"hvdlike.run: the job ended with exit status {returncode} before "
+                           f"rank(s) {missing} returned (the job's output above says why)")
+    if returncode != 0:
+        raise RuntimeError(f"hvdlike.run: every rank returned, but the job ended with exit "
+                           f"status {returncode} (the job's output above says why)")
+    return [pickle.loads(outcomes[r][1]) for r in range(num_proc)]
+
+
+# ---------------------------------------------------------------------------- each rank
+
+def _connect() -> Any:
+    host, port = os.environ[_ADDRESS].rsplit(":", 1)
+    return Client((host, int(port)), authkey=bytes.fromhex(os.environ[_KEY]))
+
+
+def _load_main(path: str) -> None:
+    """Run the caller's main script as ``__mp_main__`` and make it this process's
+    ``__main__``, so that what it defines unpickles here."""
+    import runpy
+    import types
+    module = types.ModuleType("__mp_main__")
+    sys.modules["__mp_main__"] = module
+    module.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
+    sys.modules["__main__"] = module
+
+
+def _rank_main() -> None:
+    from ..transport import mpi  # hvdlike's MPI defaults, then MPI_Init
+    rank = mpi.MPI.COMM_WORLD.Get_rank()
+    try:
+        with _connect() as conn:
+            conn.send(("hello", rank))
+            blob, main_path, path = pickle.loads(conn.recv_bytes())
+        sys.path.extend(p for p in path if p not in sys.path)
+        if main_path is not None:
+            _load_main(main_path)
+        func, args, kwargs = pickle.loads(blob)
+        result = func(*args, **kwargs)
+        try:
+            outcome: Tuple[str, Any] = ("returned", _pickler.dumps(result))
+        except Exception as e:  # noqa: BLE001 - pickle raises several types
+            raise TypeError(f"hvdlike.run: the return value of rank {rank} cannot be pickled "
+                            f"back to the caller: {e}") from e
+    except BaseException as e:
+        try:
+            exc: Optional[bytes] = _pickler.dumps(e)
+        except Exception:  # noqa: BLE001 - an exception that does not pickle
+            exc = None
+        with _connect() as conn:
+            conn.send(("raised", rank, (traceback.format_exc(), exc)))
+        raise  # and so end the job (hvdlike's abort hook), as a script's exception does
+    with _connect() as conn:
+        conn.send((outcome[0], rank, outcome[1]))
+
+
+if __name__ == "__main__":
+    _rank_main()

@@ -1,0 +1,50 @@
+"""Programs that call ``hvdlike.run`` (tests/test_run_func.py): run as their own process, so
+the test can bound them with a timeout, and as a main script, whose functions the ranks must
+find (they run it as ``__mp_main__``).
+
+``python run_func_cases.py CASE NP [HOSTS MPI_ARGS]``; prints one JSON line after ``CASE``.
+"""
+import json
+import socket
+import sys
+
+import numpy as np
+
+import hvdlike
+
+
+def reduce_rank_arrays(scale: float, offset: float = 0.0) -> dict:
+    import hvdlike as hvd
+    hvd.init()
+    x = np.arange(5.0) * (hvd.rank() + 1) * scale
+    summed = hvd.allreduce(x, op=hvd.Sum) + offset
+    return {"rank": hvd.rank(), "size": hvd.size(), "sum": summed.tolist(),
+            "host": socket.gethostname()}
+
+
+def fails_on_rank_1() -> str:
+    import hvdlike as hvd
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("rank 1 found bad data")
+    hvd.allreduce(np.ones(3))  # the other ranks wait here for rank 1
+    return "unreachable"
+
+
+def main() -> None:
+    case, np_ = sys.argv[1], int(sys.argv[2])
+    where = {} if len(sys.argv) < 4 else {"hosts": sys.argv[3], "mpi_args": sys.argv[4]}
+    if case == "returns":
+        results = hvdlike.run(reduce_rank_arrays, args=(2.0,), kwargs={"offset": 1.0},
+                              num_proc=np_, **where)
+        print("returns " + json.dumps(results), flush=True)
+    elif case == "raises":
+        try:
+            hvdlike.run(fails_on_rank_1, num_proc=np_)
+        except RuntimeError as e:
+            print("raises " + json.dumps({"message": str(e), "cause": repr(e.__cause__)}),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""``hvdlike.run`` (Horovod's ``horovod.run``): a function run as every rank of a real job,
+its return values back in the caller, its errors too."""
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hvdlike
+from hvdlike.runner import run_func
+
+CASES = Path(__file__).resolve().parent / "mpi_cases" / "run_func_cases.py"
+TIMEOUT = 120
+
+
+def run_case(case: str, np_: int, *where: str, command=lambda argv: argv) -> dict:
+    """Run a caller of hvdlike.run (a main script of its own) with a timeout; its JSON line."""
+    job = subprocess.run(command([sys.executable, str(CASES), case, str(np_), *where]),
+                         capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    lines = [line for line in job.stdout.splitlines() if line.startswith(case + " ")]
+    assert job.returncode == 0 and len(lines) == 1, job.stdout[-3000:] + job.stderr[-3000:]
+    return json.loads(lines[0][len(case) + 1:])
+
+
+def expected_sums(size: int) -> list:
+    """What reduce_rank_arrays(2.0, offset=1.0) returns on every rank of ``size``."""
+    return (np.arange(5.0) * 2.0 * sum(r + 1 for r in range(size)) + 1.0).tolist()
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_every_ranks_return_value_comes_back_in_rank_order(np_):
+    results = run_case("returns", np_)
+    assert results == [{"rank": r, "size": np_, "sum": expected_sums(np_),
+                         "host": socket.gethostname()} for r in range(np_)]
+
+
+def test_an_exception_on_one_rank_ends_the_job_and_is_raised_in_the_caller():
+    raised = run_case("raises", 2)
+    assert raised["message"].startswith("hvdlike.run: the function raised on rank(s) [1]")
+    assert "ValueError: rank 1 found bad data" in raised["message"]  # its traceback
+    assert raised["cause"] == "ValueError('rank 1 found bad data')"
+
+
+@pytest.mark.parametrize("arguments, says", [
+    ({"num_proc": 0}, "num_proc must be a whole number >= 1, got 0"),
+    ({"hosts": "a:1", "hostfile": "h"}, "give hosts or hostfile, not both"),
+    ({"use_gloo": True}, "hvdlike runs on MPI only"),
+    ({"use_mpi": False}, "hvdlike runs on MPI only"),
+    ({"start_timeout": 30}, "start_timeout: hvdlikerun has no start timeout"),
+    ({"slots": 4}, "slots is for Horovod's host discovery"),
+    ({"reset_limit": 1}, "reset_limit is for Horovod's host discovery"),
+])
+def test_arguments_hvdlike_cannot_honour_are_refused_before_anything_starts(arguments, says):
+    with pytest.raises(ValueError, match="hvdlike.run: " + says):
+        hvdlike.run(np.sum, **arguments)  # np.sum: any function that pickles
+
+
+@pytest.mark.skipif(run_func._pickler is not run_func.pickle,
+                    reason="cloudpickle is installed here: it pickles lambdas")
+def test_a_function_pickle_cannot_carry_is_refused_with_what_to_do():
+    with pytest.raises(ValueError, match="install cloudpickle"):
+        hvdlike.run(lambda: 1, num_proc=2)
