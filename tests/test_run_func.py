@@ -1,9 +1,12 @@
 """``hvdlike.run`` (Horovod's ``horovod.run``): a function run as every rank of a real job,
 its return values back in the caller, its errors too."""
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +47,53 @@ def test_an_exception_on_one_rank_ends_the_job_and_is_raised_in_the_caller():
     assert raised["cause"] == "ValueError('rank 1 found bad data')"
 
 
+def test_a_call_inside_a_rank_says_how_to_fix_it(monkeypatch):
+    """The ranks run the caller's script to find its function: a call left at its top level
+    (no main guard) would start a job from every rank, without end. In a rank it raises."""
+    monkeypatch.setenv(run_func._ADDRESS, "127.0.0.1:1")  # as in a rank of hvdlike.run
+    with pytest.raises(RuntimeError, match='put it under `if __name__ == "__main__":`'):
+        hvdlike.run(np.sum, num_proc=2)
+
+
+def test_interrupting_the_caller_ends_the_ranks():
+    """Ctrl-C in a notebook reaches the caller alone: the ranks must not go on running."""
+    caller = subprocess.Popen([sys.executable, str(CASES), "interrupted", "2"],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pids: list = []
+    try:
+        for line in caller.stdout:  # each rank says it started
+            if line.startswith("SLEEPING "):
+                pids.append(int(line.split()[1]))
+            if len(pids) == 2:
+                break
+        assert len(pids) == 2
+        caller.send_signal(signal.SIGINT)
+        assert caller.wait(timeout=TIMEOUT) != 0  # KeyboardInterrupt
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        running = [pid for pid in pids if _alive(pid)]
+    finally:  # only now: the ranks may be in the caller's process group
+        _kill_group(caller.pid)
+    assert running == [], "ranks still run after the caller ended"
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # nothing left in it
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has ended
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
 @pytest.mark.parametrize("arguments, says", [
     ({"num_proc": 0}, "num_proc must be a whole number >= 1, got 0"),
     ({"hosts": "a:1", "hostfile": "h"}, "give hosts or hostfile, not both"),
@@ -63,3 +113,12 @@ def test_arguments_hvdlike_cannot_honour_are_refused_before_anything_starts(argu
 def test_a_function_pickle_cannot_carry_is_refused_with_what_to_do():
     with pytest.raises(ValueError, match="install cloudpickle"):
         hvdlike.run(lambda: 1, num_proc=2)
+
+
+def test_the_ranks_are_told_an_address_of_this_machine_they_can_reach(tmp_path):
+    """127.0.0.1 when every host is this machine; else the source address of the route to
+    the first other host (the test cluster checks that one end to end)."""
+    assert run_func._reachable_address("localhost:2,127.0.0.1:1", None) == "127.0.0.1"
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# this machine only\nlocalhost slots=2\n\n127.0.0.1 slots=2\n")
+    assert run_func._reachable_address(None, str(hostfile)) == "127.0.0.1"

@@ -60,6 +60,11 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     ``start_timeout``, ``slots``, ``reset_limit``, ``cooldown_range``) and RuntimeError when
     ``func`` raised on a rank (naming the ranks, with the first one's traceback) or the job
     ended before every rank returned."""
+    if _ADDRESS in os.environ:  # this process is a rank of hvdlike.run
+        raise RuntimeError(
+            "hvdlike.run was called in a rank that hvdlike.run started. If the call is at the "
+            "top level of your script, put it under `if __name__ == \"__main__\":` (each "
+            "rank runs the script to find your function, as multiprocessing does)")
     num_proc = np if np is not None else num_proc
     _check(num_proc, hosts, hostfile, use_mpi, use_gloo, start_timeout, slots, reset_limit,
            cooldown_range)
@@ -85,11 +90,29 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
         server.start()
         command = [sys.executable, "-m", "hvdlike.runner", *flags, "--",
                    executable or sys.executable, "-m", "hvdlike.runner.run_func"]
-        returncode = subprocess.call(command, env=env)
-        with Client(("127.0.0.1", port), authkey=key) as conn:  # ends _serve
-            conn.send(("done",))
-        server.join()
+        try:
+            returncode = _wait(subprocess.Popen(command, env=env))
+        finally:
+            with Client(("127.0.0.1", port), authkey=key) as conn:  # ends _serve
+                conn.send(("done",))
+            server.join()
     return _results(num_proc, returncode, outcomes)
+
+
+def _wait(launcher: "subprocess.Popen[bytes]") -> int:
+    """The launcher's exit status. Interrupted (Ctrl-C in a notebook reaches this process
+    only), it is told to end the job: hvdlikerun passes SIGTERM on to the MPI's launcher,
+    which ends every rank (killing hvdlikerun would leave them running)."""
+    try:
+        return launcher.wait()
+    except BaseException:
+        launcher.terminate()
+        try:
+            launcher.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
+        raise
 
 
 def _check(num_proc: Any, hosts: Any, hostfile: Any, use_mpi: Any, use_gloo: Any,
@@ -133,21 +156,25 @@ def _payload(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
 
 
 def _reachable_address(hosts: Optional[str], hostfile: Optional[str]) -> str:
-    """This machine's address as the job's hosts reach it: the source address of the route to
-    the first host (no packet is sent), else its host name."""
-    first = ""
+    """This machine's address as the job's other hosts reach it: the source address of the
+    route to the first host that is not this machine (no packet is sent); 127.0.0.1 when
+    every host is this machine; its host name when no route is known."""
     if hosts:
-        first = hosts.split(",")[0].split(":")[0].strip()
-    elif hostfile:
-        with open(hostfile) as f:
+        names = [item.split(":")[0].strip() for item in hosts.split(",")]
+    else:
+        with open(str(hostfile)) as f:
             lines = [line.split("#")[0].strip() for line in f]
-        first = next((line.split()[0].split(":")[0] for line in lines if line), "")
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((first, 9))
-            return s.getsockname()[0]
-    except OSError:
-        return socket.getfqdn()
+        names = [line.split()[0].split(":")[0] for line in lines if line]
+    for name in names:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((name, 9))
+                address = s.getsockname()[0]
+        except OSError:
+            return socket.getfqdn()
+        if not address.startswith("127."):
+            return address
+    return "127.0.0.1"
 
 
 def _serve(listener: Listener, job: bytes, outcomes: Dict[int, Tuple[str, Any]]) -> None:

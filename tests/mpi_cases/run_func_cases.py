@@ -31,6 +31,13 @@ def fails_on_rank_1() -> str:
     return "unreachable"
 
 
+def sleeps() -> None:
+    import os
+    import time
+    print(f"SLEEPING {os.getpid()}", flush=True)
+    time.sleep(600)
+
+
 def main() -> None:
     case, np_ = sys.argv[1], int(sys.argv[2])
     where = {} if len(sys.argv) < 4 else {"hosts": sys.argv[3], "mpi_args": sys.argv[4]}
@@ -38,6 +45,8 @@ def main() -> None:
         results = hvdlike.run(reduce_rank_arrays, args=(2.0,), kwargs={"offset": 1.0},
                               num_proc=np_, **where)
         print("returns " + json.dumps(results), flush=True)
+    elif case == "interrupted":  # the test interrupts this process while the ranks sleep
+        hvdlike.run(sleeps, num_proc=np_)
     elif case == "raises":
         try:
             hvdlike.run(fails_on_rank_1, num_proc=np_)
