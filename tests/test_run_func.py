@@ -14,6 +14,7 @@ import pytest
 
 import hvdlike
 from hvdlike.runner import run_func
+from test_runner import _alive
 
 CASES = Path(__file__).resolve().parent / "mpi_cases" / "run_func_cases.py"
 TIMEOUT = 120
@@ -83,15 +84,6 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:  # nothing left in it
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has ended
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.mark.parametrize("arguments, says", [

@@ -353,13 +353,18 @@ def _wait_watched(proc: subprocess.Popen, watch: OutputWatch, grace: float) -> i
             print(f"hvdlikerun: error: the MPI printed an abort notice (above) {grace:g} s ago "
                   "and the job has not ended; ending it now (--abort-timeout)",
                   file=sys.stderr, flush=True)
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            end_process(proc, 10)
             return 1
+
+
+def end_process(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM ``proc``, SIGKILL it if it still runs ``grace`` seconds later; wait for it."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _parser() -> argparse.ArgumentParser:

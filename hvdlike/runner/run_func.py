@@ -26,6 +26,7 @@ from multiprocessing.connection import Client, Listener
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .horovod_flags import REFUSED
+from .launch import end_process
 
 _ADDRESS = "HVDLIKE_RUN_ADDRESS"  # host:port the ranks connect back to
 _KEY = "HVDLIKE_RUN_AUTHKEY"  # hex of the connection key
@@ -106,12 +107,7 @@ def _wait(launcher: "subprocess.Popen[bytes]") -> int:
     try:
         return launcher.wait()
     except BaseException:
-        launcher.terminate()
-        try:
-            launcher.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            launcher.wait()
+        end_process(launcher, 30)
         raise
 
 
