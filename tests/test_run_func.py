@@ -92,6 +92,8 @@ def _kill_group(pid: int) -> None:
     ({"use_gloo": True}, "hvdlike runs on MPI only"),
     ({"use_mpi": False}, "hvdlike runs on MPI only"),
     ({"start_timeout": 30}, "start_timeout: hvdlikerun has no start timeout"),
+    ({"min_num_proc": 2}, "min_num_proc and max_num_proc .elastic training. are not"),
+    ({"max_num_proc": 4}, "min_num_proc and max_num_proc .elastic training. are not"),
     ({"slots": 4}, "slots is for Horovod's host discovery"),
     ({"reset_limit": 1}, "reset_limit is for Horovod's host discovery"),
 ])

@@ -58,7 +58,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     shell-quoted string; ``executable``: the Python the ranks run, default this one;
     ``np``: Horovod's old name of ``num_proc``). ``disable_cache`` changes nothing (hvdlike
     caches no checks). Raises ValueError for arguments hvdlike cannot honour (``use_gloo``,
-    ``start_timeout``, ``slots``, ``reset_limit``, ``cooldown_range``) and RuntimeError when
+    ``start_timeout``, ``min_num_proc``, ``max_num_proc``, ``slots``, ``reset_limit``,
+    ``cooldown_range``) and RuntimeError when
     ``func`` raised on a rank (naming the ranks, with the first one's traceback) or the job
     ended before every rank returned."""
     if _ADDRESS in os.environ:  # this process is a rank of hvdlike.run
@@ -68,13 +69,12 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
             "rank runs the script to find your function, as multiprocessing does)")
     num_proc = np if np is not None else num_proc
     _check(num_proc, hosts, hostfile, use_mpi, use_gloo, start_timeout, slots, reset_limit,
-           cooldown_range)
+           cooldown_range, min_num_proc, max_num_proc)
     flags = ["-np", str(num_proc)]
     for flag, value in (("--hosts", hosts), ("--hostfile", hostfile),
                         ("--output-filename", output_filename), ("--mpi-args", mpi_args),
                         ("--network-interface", network_interface), ("--ssh-port", ssh_port),
-                        ("--ssh-identity-file", ssh_identity_file),
-                        ("--min-np", min_num_proc), ("--max-np", max_num_proc)):
+                        ("--ssh-identity-file", ssh_identity_file)):
         if value is not None:
             flags.append(f"{flag}={value}")
     if verbose:
@@ -112,7 +112,8 @@ def _wait(launcher: "subprocess.Popen[bytes]") -> int:
 
 
 def _check(num_proc: Any, hosts: Any, hostfile: Any, use_mpi: Any, use_gloo: Any,
-           start_timeout: Any, slots: Any, reset_limit: Any, cooldown_range: Any) -> None:
+           start_timeout: Any, slots: Any, reset_limit: Any, cooldown_range: Any,
+           min_num_proc: Any, max_num_proc: Any) -> None:
     """ValueError for arguments that cannot be run, before anything starts."""
     if not isinstance(num_proc, int) or num_proc < 1:
         raise ValueError(f"hvdlike.run: num_proc must be a whole number >= 1, got {num_proc!r}")
@@ -122,6 +123,10 @@ def _check(num_proc: Any, hosts: Any, hostfile: Any, use_mpi: Any, use_gloo: Any
         raise ValueError(f"hvdlike.run: {REFUSED['--gloo']} (use_gloo, use_mpi=False)")
     if start_timeout is not None:
         raise ValueError(f"hvdlike.run: start_timeout: {REFUSED['--start-timeout']}")
+    if min_num_proc is not None or max_num_proc is not None:
+        raise ValueError("hvdlike.run: min_num_proc and max_num_proc (elastic training) are not "
+                         "supported: it returns one value per rank of a fixed world. Run an "
+                         "elastic job with hvdlikerun --min-np/--max-np")
     for name, value in (("slots", slots), ("reset_limit", reset_limit),
                         ("cooldown_range", cooldown_range)):
         if value is not None:
