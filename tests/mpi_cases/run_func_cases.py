@@ -5,6 +5,7 @@ find (they run it as ``__mp_main__``).
 ``python run_func_cases.py CASE NP [HOSTS MPI_ARGS]``; prints one JSON line after ``CASE``.
 """
 import json
+import signal
 import socket
 import sys
 
@@ -46,6 +47,9 @@ def main() -> None:
                               num_proc=np_, **where)
         print("returns " + json.dumps(results), flush=True)
     elif case == "interrupted":  # the test interrupts this process while the ranks sleep
+        # Ctrl-C as a notebook's kernel gets it, even where this process was started with
+        # SIGINT ignored (a background job of a shell without job control, as in CI)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         hvdlike.run(sleeps, num_proc=np_)
     elif case == "raises":
         try:
