@@ -209,16 +209,16 @@ def _write_atomically(path: str, snapshot: Any) -> None:
         raise
 
 
-_TF_NAMES = {
+_LAZY_NAMES = {  # loaded on first use: TensorFlow
     "hvdlike.tensorflow.elastic": ("TensorFlowKerasState", "TensorFlowState"),
     "hvdlike.tensorflow.keras.elastic": ("KerasState", "CommitStateCallback",
                                          "UpdateBatchStateCallback", "UpdateEpochStateCallback"),
 }
-_TF_MODULE_OF = {name: module for module, names in _TF_NAMES.items() for name in names}
+_LAZY_MODULE_OF = {name: module for module, names in _LAZY_NAMES.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
-    module = _TF_MODULE_OF.get(name)
+    module = _LAZY_MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module 'hvdlike.elastic' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)

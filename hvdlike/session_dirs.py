@@ -25,8 +25,8 @@ def session_base(env: Mapping[str, str]) -> str:
     """Where Open MPI's launcher puts its session directories. In a rank it started: where
     this job's is (PMIx tells the rank, ``PMIX_SERVER_TMPDIR``). Else ``prte_tmpdir_base``,
     ``TMPDIR``, ``TEMP`` or ``TMP``, else /tmp."""
-    this_job = env.get("PMIX_SERVER_TMPDIR", "")
-    if _SESSION.fullmatch(os.path.basename(this_job)):
+    this_job = _this_job(env)
+    if this_job:
         return os.path.dirname(this_job)
     for name in ("PRTE_MCA_prte_tmpdir_base", "TMPDIR", "TEMP", "TMP"):
         if env.get(name):
@@ -80,6 +80,11 @@ def remove_stale_from_rank(env: Mapping[str, str]) -> List[str]:
     """``remove_stale`` where this process is a rank that Open MPI 5's launcher started (its
     job's session directory is ``ompi.<pid>`` or ``prted.<pid>``); else nothing (Slurm, MPICH,
     no launcher). Returns the paths removed."""
-    if not _SESSION.fullmatch(os.path.basename(env.get("PMIX_SERVER_TMPDIR", ""))):
-        return []
-    return remove_stale(env)
+    return remove_stale(env) if _this_job(env) else []
+
+
+def _this_job(env: Mapping[str, str]) -> Optional[str]:
+    """The session directory of the job this process is a rank of, where Open MPI 5's
+    launcher started it (PMIx names it); else None."""
+    path = env.get("PMIX_SERVER_TMPDIR", "")
+    return path if _SESSION.fullmatch(os.path.basename(path)) else None

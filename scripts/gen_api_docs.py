@@ -42,7 +42,7 @@ def public_names(module_name: str) -> List[str]:
     submodules and what a module merely imports from elsewhere (typing, NumPy) excluded."""
     module = importlib.import_module(module_name)
     names = set(n for n in dir(module) if not n.startswith("_"))
-    names |= set(getattr(module, "_TF_MODULE_OF", getattr(module, "_LAZY_MODULE_OF", {})))
+    names |= set(getattr(module, "_LAZY_MODULE_OF", {}))
     return sorted(n for n in names if not isinstance(getattr(module, n), types.ModuleType)
                   and getattr(getattr(module, n), "__module__", "hvdlike").startswith("hvdlike"))
 

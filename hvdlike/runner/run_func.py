@@ -250,7 +250,7 @@ def _rank_main() -> None:
         func, args, kwargs = pickle.loads(blob)
         result = func(*args, **kwargs)
         try:
-            outcome: Tuple[str, Any] = ("returned", _pickler.dumps(result))
+            value = _pickler.dumps(result)
         except Exception as e:  # noqa: BLE001 - pickle raises several types
             raise TypeError(f"hvdlike.run: the return value of rank {rank} cannot be pickled "
                             f"back to the caller: {e}") from e
@@ -263,7 +263,7 @@ def _rank_main() -> None:
             conn.send(("raised", rank, (traceback.format_exc(), exc)))
         raise  # and so end the job (hvdlike's abort hook), as a script's exception does
     with _connect() as conn:
-        conn.send((outcome[0], rank, outcome[1]))
+        conn.send(("returned", rank, value))
 
 
 if __name__ == "__main__":
