@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +62,8 @@ def test_interrupting_the_caller_ends_the_ranks():
     caller = subprocess.Popen([sys.executable, str(CASES), "interrupted", "2"],
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     pids: list = []
+    deadline = threading.Timer(TIMEOUT, _kill_group, [caller.pid])  # ranks that never start
+    deadline.start()
     try:
         for line in caller.stdout:  # each rank says it started
             if line.startswith("SLEEPING "):
@@ -70,11 +73,12 @@ def test_interrupting_the_caller_ends_the_ranks():
         assert len(pids) == 2
         caller.send_signal(signal.SIGINT)
         assert caller.wait(timeout=TIMEOUT) != 0  # KeyboardInterrupt
-        deadline = time.monotonic() + 30
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        end = time.monotonic() + 30
+        while any(_alive(pid) for pid in pids) and time.monotonic() < end:
             time.sleep(0.1)
         running = [pid for pid in pids if _alive(pid)]
     finally:  # only now: the ranks may be in the caller's process group
+        deadline.cancel()
         _kill_group(caller.pid)
     assert running == [], "ranks still run after the caller ended"
 
