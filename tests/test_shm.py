@@ -5,12 +5,14 @@ rank gets the same bits, only sets within one node use it, a full /dev/shm falls
 a rank that may not attach makes every rank take the window, and a failed copy is an error on
 every rank. (The full collective matrix also runs over both: the *-shm and *-cma configs in
 test_collectives.)"""
+import errno
 import platform
 
 import numpy as np
 import pytest
 
 import reference
+from hvdlike.transport import cma
 from mpi_harness import mpich_prefix, run_mpi
 from shm_cases import SECCOMP_SYSCALLS, inputs
 
@@ -201,6 +203,25 @@ def test_a_single_copy_failing_on_one_rank_is_an_error_on_every_rank_and_the_nex
         assert "HVDLIKE_CMA=0" in r["error"]
     cause = "Operation not permitted" if how == "copy" else "a bug in the reduction"
     assert cause in results[3]["error"]
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_a_peer_process_gone_in_a_single_copy_all_reduce_is_a_dead_rank_on_every_rank(np_):
+    results = run_mpi(np_, "shm_cases:cma_peer_gone_on_last_rank", timeout=120)
+    for rank, r in enumerate(results):
+        error = r["error"]
+        assert error is not None and error["type"] == "PeerGone", r
+        assert error["errno"] == errno.ESRCH and "a rank's process is gone" in error["text"], r
+        seen = "seen on this rank" if rank == np_ - 1 else "seen on another rank"
+        assert seen in error["text"], r
+    assert "No such process" in results[-1]["error"]["text"]
+
+
+def test_the_engine_takes_a_peer_process_gone_for_a_dead_rank():
+    from hvdlike.engine.engine import _is_process_failure
+    gone = cma.PeerGone(errno.ESRCH, "a rank's process is gone")
+    assert _is_process_failure(gone, comm=None)
+    assert not _is_process_failure(cma.CopyFailed(errno.EPERM, "refused"), comm=None)
 
 
 def test_grouped_single_copy_results_are_never_changed_while_held():

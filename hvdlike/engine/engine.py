@@ -36,6 +36,7 @@ from .. import timeline
 from ..checks import LocalError, Request, raised_on_every_rank
 from ..errors import RanksFailedError
 from ..handles import Handle
+from ..transport.cma import PeerGone
 from . import execute, execute_gpu
 from .stall import StallInspector
 from .execute import ALLREDUCES, RUNNERS, Work
@@ -583,7 +584,7 @@ class Engine:
                 ps._comm for ps in _ps._registry.values() if ps._comm is not None]:
             try:
                 comm.Revoke()
-            except MPIException:
+            except (MPIException, NotImplementedError):  # not an MPI with ULFM
                 pass
         if self._gather is not None:  # end the exchange in flight (the revoke fails it), so
             try:                      # that MPI_Finalize has nothing left to wait for
@@ -617,9 +618,12 @@ def _discard(result: Any) -> None:
 
 
 def _is_process_failure(exc: BaseException, comm: Any) -> bool:
-    """True for an MPI error that comes from a dead rank (ULFM): its own error classes, or
-    any MPI error once ``comm`` knows of a failure (Open MPI's non-blocking collectives may
-    report one as MPI_ERR_OTHER)."""
+    """True for an error that comes from a dead rank: MPI's (ULFM) own error classes, or any
+    MPI error once ``comm`` knows of a failure (Open MPI's non-blocking collectives may report
+    one as MPI_ERR_OTHER), or the single-copy all-reduce finding a peer's process gone (the
+    peer may have died after its part of MPI's last step had gone out, so MPI said nothing)."""
+    if isinstance(exc, PeerGone):
+        return True
     if not isinstance(exc, MPIException):
         return False
     from mpi4py import MPI

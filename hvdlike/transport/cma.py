@@ -32,6 +32,7 @@ caller then uses the shared-memory window (hierarchical: on every node, so that 
 ranks meet in the same cross-node calls).
 """
 import ctypes
+import errno
 import os
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -72,6 +73,11 @@ Span = Tuple[int, int, int]
 
 class CopyFailed(OSError):
     """A cross-memory copy to or from a peer failed."""
+
+
+class PeerGone(CopyFailed):
+    """A peer's process no longer exists (ESRCH): a rank of the all-reduce died. The engine
+    takes it as a dead rank, as it takes MPI's own errors for one (ULFM)."""
 
 
 class _Copier:
@@ -178,7 +184,9 @@ class CrossMemoryAllreduce:
         of one dtype for all i, the same size, and may be the same array (in place); every
         rank passes the same sizes. ``finish``: an element-wise in-place pass applied to each
         reduced piece before it is sent. Raises ``CopyFailed`` on every rank when a copy (or
-        anything else in the reduction) failed on any."""
+        anything else in the reduction) failed on any, ``PeerGone`` when a peer's process
+        was gone (a rank died after its part of this call's last step had gone out: the
+        others may see MPI's error for the death instead)."""
         data = _Segments([s.reshape(-1) for s in sends])
         out = _Segments([r.reshape(-1) for r in recvs])
         if out.size == 0:
@@ -210,11 +218,19 @@ class CrossMemoryAllreduce:
                     self._send(table, out, spans)
                 except Exception as e:  # noqa: BLE001 - reported on every rank below
                     failure = e
-        self._flag[0] = int(failure is None)
-        self._comm.Allreduce(MPI.IN_PLACE, self._flag, MPI.MIN)
+        # the worst outcome of any rank: 0 done, 1 failed, 2 a peer's process is gone
+        gone = isinstance(failure, CopyFailed) and failure.errno == errno.ESRCH
+        self._flag[0] = 0 if failure is None else 2 if gone else 1
+        self._comm.Allreduce(MPI.IN_PLACE, self._flag, MPI.MAX)
         if self.across is not None:  # every node's outcome, on every node
-            self.across.Allreduce(MPI.IN_PLACE, self._flag, MPI.MIN)
-        if not self._flag[0]:
+            self.across.Allreduce(MPI.IN_PLACE, self._flag, MPI.MAX)
+        if self._flag[0] == 2:  # a rank died after its part of the outcome had gone out
+            raise PeerGone(
+                errno.ESRCH,
+                "the on-node single-copy all-reduce lost a peer: a rank's process is gone "
+                f"({'seen on this rank: ' + str(failure) if gone else 'seen on another rank'})"
+            ) from failure
+        if self._flag[0]:
             raise CopyFailed(
                 getattr(failure, "errno", None) or 0,
                 "the on-node single-copy all-reduce (cross-memory attach) failed on "

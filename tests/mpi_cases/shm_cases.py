@@ -3,8 +3,11 @@ fallback to MPI, the single-copy (cross-memory attach) path and its fallbacks, a
 import ctypes
 import errno
 import hashlib
+import os
 import platform
 import struct
+import subprocess
+import sys
 from typing import Any, Dict, List
 
 import numpy as np
@@ -234,6 +237,33 @@ def cma_fails_on_last_rank(how: str) -> Dict[str, Any]:
     reducer.__dict__.pop("_reduce_pieces", None)
     reducer._write = cma._Copier(cma._CALLS[1])
     return dict(error=error, after=float(hvd.allreduce(x, op=hvd.Sum, name="after")[0]))
+
+
+def cma_peer_gone_on_last_rank() -> Dict[str, Any]:
+    """On the last rank only, the single-copy reducer's peer 0 is a process that has died and
+    not yet been reaped, as a rank killed in the middle of an all-reduce is until its launcher
+    waits for it (the kernel answers ESRCH): every rank must raise ``PeerGone``, which the
+    engine takes for a dead rank. The reducer is a private one on a copy of the world, called
+    directly (through the engine this would end it)."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD.Dup()
+    reducer = cma.CrossMemoryAllreduce.create(comm)
+    assert reducer is not None
+    child = None
+    if hvd.rank() == hvd.size() - 1:
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
+        reducer._pids[0] = child.pid
+    x = np.full(1 << 18, hvd.rank() + 1, np.float32)
+    try:
+        reducer.allreduce_many([x], [np.empty_like(x)], hvd.Sum)
+        error = None
+    except cma.CopyFailed as e:
+        error = dict(type=type(e).__name__, errno=e.errno, text=str(e))
+    if child is not None:
+        child.wait()
+    comm.Free()
+    return dict(error=error)
 
 
 def cma_grouped_results_stay_put() -> Dict[str, Any]:
