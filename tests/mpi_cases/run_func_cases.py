@@ -1,6 +1,6 @@
 """Programs that call ``hvdlike.run`` (tests/test_run_func.py): run as their own process, so
-the test can bound them with a timeout, and as a main script, whose functions the ranks must
-find (they run it as ``__mp_main__``).
+the test can bound them with a timeout, and as a main script, whose functions travel to the
+ranks by value.
 
 ``python run_func_cases.py CASE NP [HOSTS MPI_ARGS]``; prints one JSON line after ``CASE``.
 """
