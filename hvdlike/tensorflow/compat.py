@@ -4,6 +4,8 @@ Keras 3 (``import keras``) is the default.  With ``TF_USE_LEGACY_KERAS=1`` Tenso
 itself uses ``tf_keras`` (Keras 2), and so do we.
 """
 import os
+from types import ModuleType
+from typing import Any, Tuple
 
 import tensorflow as tf
 
@@ -19,7 +21,7 @@ def use_legacy_keras() -> bool:
     return os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
 
 
-def keras():
+def keras() -> ModuleType:
     """The Keras module TensorFlow uses in this process (keras 3 or tf_keras)."""
     if use_legacy_keras():
         import tf_keras
@@ -28,11 +30,11 @@ def keras():
     return k
 
 
-def is_keras3():
+def is_keras3() -> bool:
     return not use_legacy_keras()
 
 
-def optimizer_base_classes():
+def optimizer_base_classes() -> Tuple[type, ...]:
     """Optimizer base classes we can wrap, for the Keras in use."""
     k = keras()
     bases = [k.optimizers.Optimizer]
@@ -43,12 +45,12 @@ def optimizer_base_classes():
     return tuple(bases)
 
 
-def loss_scale_optimizer_class():
+def loss_scale_optimizer_class() -> type:
     k = keras()
     return k.mixed_precision.LossScaleOptimizer
 
 
-def in_xla_context():
+def in_xla_context() -> bool:
     """True while tracing a function compiled with jit_compile=True (XLA)."""
     if _cfu is None or tf.executing_eagerly():
         return False
@@ -58,6 +60,6 @@ def in_xla_context():
         return False
 
 
-def numpy_dtype(tf_dtype):
+def numpy_dtype(tf_dtype: tf.DType) -> Any:
     """NumPy dtype for a tf.DType (bfloat16 maps to ml_dtypes.bfloat16)."""
     return tf_dtype.as_numpy_dtype

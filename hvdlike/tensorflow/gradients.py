@@ -7,7 +7,7 @@ submitted as soon as backprop has computed it, so communication overlaps the res
 backward pass (see :func:`allreduce_gradients`).  ``None`` gradients stay ``None``.
 ``tf.IndexedSlices`` are allgathered (values and indices) unless ``sparse_as_dense=True``.
 """
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
@@ -108,10 +108,11 @@ class GradientReducer:
     lists of variables).  ``scale_local_gradients``: kept for Horovod compatibility.
     """
 
-    def __init__(self, compression=Compression.none, sparse_as_dense=False, op=Average,
-                 gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                 process_set=_core.global_process_set, name=None, owner="DistributedOptimizer",
-                 scale_local_gradients=True):
+    def __init__(self, compression: Any = Compression.none, sparse_as_dense: bool = False,
+                 op: Any = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                 groups: Any = None, process_set: _core.ProcessSet = _core.global_process_set,
+                 name: Optional[str] = None, owner: str = "DistributedOptimizer",
+                 scale_local_gradients: bool = True) -> None:
         op = as_reduce_op(op)
         if op not in (Average, Sum, Adasum):
             raise ValueError(f"hvdlike.tensorflow.{owner}: op must be hvdlike.Average, "
@@ -145,7 +146,7 @@ class GradientReducer:
         self.scale_local_gradients = bool(scale_local_gradients)
         self.local = set()  # refs of variables whose gradients stay local
 
-    def register_local(self, variable):
+    def register_local(self, variable: Any) -> None:
         """Leave ``variable``'s gradient unreduced (divided by the set size when
         ``scale_local_gradients``, as Horovod does)."""
         self.local.add(variable_key(variable))
@@ -206,7 +207,7 @@ class GradientReducer:
             out.append(self.compression.decompress(c, ctx))
         return out
 
-    def reduce(self, grads, variables=None):
+    def reduce(self, grads: Any, variables: Optional[Sequence[Any]] = None) -> Any:
         """Return the reduced gradients (same structure, ``None`` kept); the gradients of
         registered local variables are not reduced."""
         grads = list(grads)

@@ -94,7 +94,7 @@ _PENDING = {}  # key -> wait function of a request submitted by a graph op
 _KEYS = itertools.count()
 
 
-def mismatch_error(message):
+def mismatch_error(message: str) -> tf.errors.FailedPreconditionError:
     """What the TensorFlow API raises when ranks disagree on a collective (Horovod's class)."""
     return tf.errors.FailedPreconditionError(None, None, message)
 
@@ -183,14 +183,15 @@ def _wait_op(what, keys, out_dtypes, out_shapes):
     return outs
 
 
-def allreduce_submit(tensor, op, prescale_factor, postscale_factor, name, process_set):
+def allreduce_submit(tensor: tf.Tensor, op: Any, prescale_factor: float, postscale_factor: float,
+                     name: Optional[str], process_set: _core.ProcessSet) -> tf.Tensor:
     """Graph only: the submit half of an allreduce of one dense tensor; returns its key, for
     :func:`allreduce_wait`."""
     return _submit_op("allreduce", _allreduce_submit(op, prescale_factor, postscale_factor,
                                                      name, process_set), [tensor])
 
 
-def allreduce_wait(keys, like):
+def allreduce_wait(keys: Sequence[tf.Tensor], like: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     """Graph only: one op that waits for the allreduces behind ``keys`` (from
     :func:`allreduce_submit`); ``like`` are their input tensors (dtype and shape)."""
     return _wait_op("allreduce", keys, [t.dtype for t in like], [t.shape for t in like])
@@ -623,7 +624,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> Any:
     return _run("barrier", submit, [], [tf.bool], [tf.TensorShape([])])[0]
 
 
-def timeline_step_done(variables):
+def timeline_step_done(variables: Sequence[Any]) -> None:
     """Mark the end of a training step in the timeline once ``variables`` (those the optimizer
     just updated) have been read back after their update.  Built into a graph only while a
     timeline runs when the step is traced (``HVDLIKE_TIMELINE`` set, or ``start_timeline``

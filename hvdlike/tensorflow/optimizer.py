@@ -5,7 +5,7 @@ built from ``opt.get_config()``; the subclass reduces the gradients across ranks
 (one fused allreduce per step) before the wrapped class applies them, so clipping,
 weight decay, loss scaling and EMA all see the averaged gradient.
 """
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Sequence
 import tensorflow as tf
 
 import hvdlike as _core
@@ -59,7 +59,7 @@ class _DistributedMixin:
     def _hvd_reduce(self, grads, variables):
         return self._hvd_reducer.reduce(grads, variables)
 
-    def register_local_var(self, var):
+    def register_local_var(self, var: Any) -> None:
         """Keep ``var``'s gradient local: not reduced over ranks (divided by the set size
         when ``scale_local_gradients``), as Horovod's ``register_local_var``."""
         self._hvd_reducer.register_local(var)
@@ -159,7 +159,7 @@ def _distributed_class(base, settings):
     return cls
 
 
-def is_distributed_optimizer(optimizer):
+def is_distributed_optimizer(optimizer: Any) -> bool:
     return isinstance(optimizer, _DistributedMixin) or optimizer_v1.is_distributed_v1(optimizer)
 
 
@@ -283,7 +283,8 @@ def _agree_on_loss_scale_decisions():
 _agree_on_loss_scale_decisions()
 
 
-def distributed_optimizer_classes(custom_optimizers=None, **settings):
+def distributed_optimizer_classes(custom_optimizers: Optional[Sequence[type]] = None,
+                                  **settings: Any) -> Dict[str, type]:
     """``{class name: distributed subclass}`` for load_model's custom_objects."""
     k = compat.keras()
     bases = compat.optimizer_base_classes()

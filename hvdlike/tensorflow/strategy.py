@@ -25,6 +25,7 @@ points used here (``MirroredExtended`` and its ``_reduce_to``/``_batch_reduce_to
 tested with TF 2.21 (Keras 3.15 and tf_keras).
 """
 import socket
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -49,12 +50,12 @@ _SUM = tf.distribute.ReduceOp.SUM
 _MEAN = tf.distribute.ReduceOp.MEAN
 
 
-def _ensure_init():
+def _ensure_init() -> None:
     if not _core.is_initialized():
         _core.init()
 
 
-def default_devices():
+def default_devices() -> List[str]:
     """This process's compute device: the GPU ``local_rank % #GPUs`` if TensorFlow sees
     GPUs, else the CPU.  One process per GPU is the hvdlike way to use several GPUs."""
     gpus = tf.config.list_logical_devices("GPU")
@@ -78,7 +79,8 @@ class MPICrossDeviceOps(tf.distribute.CrossDeviceOps):
     the same order, as with any collective.
     """
 
-    def __init__(self, process_set=global_process_set, compression=Compression.none):
+    def __init__(self, process_set: _core.ProcessSet = global_process_set,
+                 compression: Any = Compression.none) -> None:
         super().__init__()
         self._process_set = process_set
         self._compression = compression
@@ -118,11 +120,14 @@ class MPICrossDeviceOps(tf.distribute.CrossDeviceOps):
         return tf.truncatediv(t, tf.cast(round(1.0 / scale), t.dtype))
 
     # -- CrossDeviceOps implementation hooks
-    def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+    def reduce_implementation(self, reduce_op: Any, per_replica_value: Any, destinations: Any,
+                              options: Any) -> Any:
         return self.batch_reduce_implementation(
             reduce_op, [(per_replica_value, destinations)], options)[0]
 
-    def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
+    def batch_reduce_implementation(self, reduce_op: Any,
+                                    value_destination_pairs: Sequence[Tuple[Any, Any]],
+                                    options: Any) -> List[Any]:
         reduce_op = tf.distribute.ReduceOp(reduce_op) if isinstance(reduce_op, str) else reduce_op
         if reduce_op not in (_SUM, _MEAN):
             raise ValueError(f"hvdlike MPIStrategy: reduce_op must be SUM or MEAN (got {reduce_op}).")
@@ -168,24 +173,26 @@ class MPIClusterResolver(tf.distribute.cluster_resolver.ClusterResolver):
     (``task_id`` = rank; rank 0 is the chief, as worker 0 is in MultiWorkerMirroredStrategy).
     ``cluster_spec()`` lists each rank's host (no gRPC servers are started: port 0)."""
 
-    def __init__(self, hosts, rank, num_accelerators=0):
+    def __init__(self, hosts: Sequence[str], rank: int, num_accelerators: int = 0) -> None:
         self._hosts = list(hosts)
         self.task_type = "worker"
         self.task_id = int(rank)
         self._num_acc = int(num_accelerators)
         self.rpc_layer = None
 
-    def cluster_spec(self):
+    def cluster_spec(self) -> tf.train.ClusterSpec:
         return tf.train.ClusterSpec({"worker": [f"{h}:0" for h in self._hosts]})
 
-    def master(self, task_type=None, task_id=None, rpc_layer=None):
+    def master(self, task_type: Optional[str] = None, task_id: Optional[int] = None,
+               rpc_layer: Optional[str] = None) -> str:
         return ""
 
-    def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
+    def num_accelerators(self, task_type: Optional[str] = None, task_id: Optional[int] = None,
+                         config_proto: Any = None) -> Dict[str, int]:
         return {"GPU": self._num_acc} if self._num_acc else {}
 
     @property
-    def environment(self):
+    def environment(self) -> str:
         return ""
 
 
@@ -194,7 +201,8 @@ class MPIClusterResolver(tf.distribute.cluster_resolver.ClusterResolver):
 class MPIExtended(_mirrored.MirroredExtended):
     """Strategy internals: MirroredExtended over the local devices, MPI across ranks."""
 
-    def __init__(self, container_strategy, devices, cross_device_ops, process_set):
+    def __init__(self, container_strategy: Any, devices: Sequence[str],
+                 cross_device_ops: MPICrossDeviceOps, process_set: _core.ProcessSet) -> None:
         self._process_set = process_set
         self._ps_rank = process_set.rank()
         self._ps_size = process_set.size()
@@ -345,8 +353,9 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     ``OneDeviceStrategy``/the default strategy.
     """
 
-    def __init__(self, devices=None, process_set=global_process_set,
-                 compression=Compression.none):
+    def __init__(self, devices: Optional[Sequence[str]] = None,
+                 process_set: _core.ProcessSet = global_process_set,
+                 compression: Any = Compression.none) -> None:
         _ensure_init()
         devices = list(devices) if devices else default_devices()
         cross_ops = MPICrossDeviceOps(process_set=process_set, compression=compression)
@@ -355,7 +364,8 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         # Not MultiWorkerMirroredStrategy.__init__: that would start TF's gRPC collectives.
         tf.distribute.Strategy.__init__(self, extended)
 
-    def reduce(self, reduce_op, value, axis):
+    def reduce(self, reduce_op: Union[str, tf.distribute.ReduceOp], value: Any,
+               axis: Optional[int]) -> Any:
         """``tf.distribute.Strategy.reduce`` across all replicas of all ranks.  A scalar
         value with ``axis=0`` (what Keras 3 asks for its per-step logs) is reduced as a
         scalar."""
@@ -367,11 +377,11 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         return super().reduce(reduce_op, value, axis)
 
     @property
-    def cluster_resolver(self):
+    def cluster_resolver(self) -> MPIClusterResolver:
         """An :class:`MPIClusterResolver` (``task_type`` "worker", ``task_id`` = rank)."""
         return self.extended._cluster_resolver  # pylint: disable=protected-access
 
-    def __deepcopy__(self, memo):
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "MPIStrategy":
         # Keras may deep-copy objects holding the strategy; there is one per process.
         memo[id(self)] = self
         return self

@@ -2,7 +2,7 @@
 import contextlib
 import os
 import shutil
-from typing import Any, Iterator
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -14,8 +14,10 @@ from hvdlike.tensorflow.gradients import variable_key
 
 _keras = compat.keras()
 
+Logs = Optional[Dict[str, Any]]  # what Keras passes its callbacks
 
-def _optimizer_variables(optimizer):
+
+def _optimizer_variables(optimizer: Any) -> List[Any]:
     if optimizer is None:
         return []
     v = getattr(optimizer, "variables", [])
@@ -34,8 +36,9 @@ class BroadcastGlobalVariablesCallback(_keras.callbacks.Callback):
     ``local_variables`` are left out.  Every rank must use this callback.
     """
 
-    def __init__(self, root_rank=0, device="", local_variables=None,
-                 process_set=_core.global_process_set):
+    def __init__(self, root_rank: int = 0, device: str = "",
+                 local_variables: Optional[Sequence[Any]] = None,
+                 process_set: _core.ProcessSet = _core.global_process_set) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.process_set = process_set
@@ -45,19 +48,19 @@ class BroadcastGlobalVariablesCallback(_keras.callbacks.Callback):
         self._opt_count = None
         self._after_first_batch = False
 
-    def _broadcast(self):
+    def _broadcast(self) -> int:
         opt_vars = _optimizer_variables(getattr(self.model, "optimizer", None))
         variables = [v for v in list(self.model.variables) + opt_vars
                      if variable_key(v) not in self._local]
         broadcast_variables(variables, self.root_rank, process_set=self.process_set)
         return len(opt_vars)
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: Logs = None) -> None:
         # every rank builds the same model, so every rank takes the same branch
         self._after_first_batch = not getattr(self.model, "built", True)
         self._opt_count = None if self._after_first_batch else self._broadcast()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
         if self._after_first_batch:
             self._after_first_batch = False
             self._opt_count = self._broadcast()
@@ -74,11 +77,12 @@ class MetricAverageCallback(_keras.callbacks.Callback):
     callbacks and so show and record the averaged values.  Every rank must use it.
     """
 
-    def __init__(self, device="", process_set=_core.global_process_set):
+    def __init__(self, device: str = "",
+                 process_set: _core.ProcessSet = _core.global_process_set) -> None:
         super().__init__()
         self.process_set = process_set
 
-    def _average(self, logs):
+    def _average(self, logs: Logs) -> None:
         if not logs:
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and
@@ -91,11 +95,11 @@ class MetricAverageCallback(_keras.callbacks.Callback):
         for k, v in zip(keys, avg):
             logs[k] = float(v)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
         self._average(logs)
 
 
-def _set_lr(optimizer, lr):
+def _set_lr(optimizer: Any, lr: float) -> None:
     try:
         optimizer.learning_rate = lr
     except Exception as e:  # LearningRateSchedule or read-only learning rate
@@ -104,7 +108,7 @@ def _set_lr(optimizer, lr):
                          f"the other ({e}).") from e
 
 
-def _get_lr(optimizer):
+def _get_lr(optimizer: Any) -> float:
     return float(np.asarray(optimizer.learning_rate))
 
 
@@ -118,8 +122,11 @@ class LearningRateScheduleCallback(_keras.callbacks.Callback):
     compile momentum as a constant, so it is not applied.
     """
 
-    def __init__(self, initial_lr=None, multiplier=1.0, start_epoch=0, end_epoch=None,
-                 staircase=True, momentum_correction=True, steps_per_epoch=None, verbose=0):
+    def __init__(self, initial_lr: Optional[float] = None,
+                 multiplier: Union[float, Callable[[float], float]] = 1.0, start_epoch: int = 0,
+                 end_epoch: Optional[int] = None, staircase: bool = True,
+                 momentum_correction: bool = True, steps_per_epoch: Optional[int] = None,
+                 verbose: int = 0) -> None:
         super().__init__()
         self.initial_lr = initial_lr
         self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
@@ -130,27 +137,27 @@ class LearningRateScheduleCallback(_keras.callbacks.Callback):
         self.verbose = verbose
         self.current_epoch = None
 
-    def _active(self, epoch):
+    def _active(self, epoch: int) -> bool:
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: Logs = None) -> None:
         if self.initial_lr is None:
             self.initial_lr = _get_lr(self.model.optimizer)
         if self.steps_per_epoch is None:
             self.steps_per_epoch = (self.params or {}).get("steps")
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
         self.current_epoch = epoch
         if self._active(epoch) and (self.staircase or not self.steps_per_epoch):
             _set_lr(self.model.optimizer, self.initial_lr * self.multiplier(epoch))
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: Logs = None) -> None:
         if self.staircase or not self.steps_per_epoch or not self._active(self.current_epoch):
             return
         epoch = self.current_epoch + float(batch) / self.steps_per_epoch
         _set_lr(self.model.optimizer, self.initial_lr * self.multiplier(epoch))
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
         if logs is not None:
             logs["learning_rate"] = _get_lr(self.model.optimizer)
         if self.verbose and _core.rank() == 0:
@@ -162,11 +169,12 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     ``warmup_epochs`` (per batch), as recommended for large global batches (Goyal et al.).
     """
 
-    def __init__(self, initial_lr=None, warmup_epochs=5, momentum_correction=True,
-                 steps_per_epoch=None, verbose=0):
+    def __init__(self, initial_lr: Optional[float] = None, warmup_epochs: int = 5,
+                 momentum_correction: bool = True, steps_per_epoch: Optional[int] = None,
+                 verbose: int = 0) -> None:
         n = _core.size()
 
-        def multiplier(epoch):
+        def multiplier(epoch: float) -> float:
             epoch = min(epoch, warmup_epochs)
             return 1.0 / n * (epoch * (n - 1) / warmup_epochs + 1)
 
@@ -176,7 +184,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                          steps_per_epoch=steps_per_epoch, verbose=verbose)
         self.warmup_epochs = warmup_epochs
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
         super().on_epoch_end(epoch, logs)
         if epoch == self.warmup_epochs - 1:
             _set_lr(self.model.optimizer, self.initial_lr)
@@ -231,21 +239,21 @@ class ModelCheckpoint(_keras.callbacks.ModelCheckpoint):
     while writing leaves the previous checkpoint intact.
     """
 
-    def __init__(self, *args, root_rank=0, **kwargs):
+    def __init__(self, *args: Any, root_rank: int = 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._hvd_writer = _core.rank() == root_rank
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
         if self._hvd_writer:
             with atomic_saves(self.model):
                 super().on_train_batch_end(batch, logs)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
         if self._hvd_writer:
             with atomic_saves(self.model):
                 super().on_epoch_end(epoch, logs)
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: Logs = None) -> None:
         if self._hvd_writer and hasattr(super(), "on_train_end"):
             with atomic_saves(self.model):
                 super().on_train_end(logs)
@@ -254,7 +262,8 @@ class ModelCheckpoint(_keras.callbacks.ModelCheckpoint):
 class BestModelCheckpoint(ModelCheckpoint):
     """Rank-0 checkpoint of the best model so far (``save_best_only=True``)."""
 
-    def __init__(self, filepath, monitor="val_loss", verbose=0, mode="auto", save_freq="epoch",
-                 **kwargs):
+    def __init__(self, filepath: Any, monitor: str = "val_loss", verbose: int = 0,
+                 mode: str = "auto", save_freq: Union[str, int] = "epoch",
+                 **kwargs: Any) -> None:
         super().__init__(filepath, monitor=monitor, verbose=verbose, save_best_only=True,
                          mode=mode, save_freq=save_freq, **kwargs)
