@@ -79,14 +79,20 @@ def test_hvd_init_on_each_host_removes_what_killed_daemons_left_there(cluster):
         shutil.rmtree(other_host, ignore_errors=True)
 
 
-def test_hvdlike_run_on_host_a_gets_back_what_the_ranks_on_both_hosts_returned(cluster):
-    """The ranks on host b connect back to the caller on host a (no shared files)."""
+@pytest.mark.parametrize("interface", [None, "subnet"])
+def test_hvdlike_run_on_host_a_gets_back_what_the_ranks_on_both_hosts_returned(cluster,
+                                                                               interface):
+    """The ranks on host b connect back to the caller on host a (no shared files); with
+    ``network_interface`` (the hosts' subnet) MPI and the connection back both use it."""
+    import ipaddress
     import shlex
     from test_run_func import expected_sums, run_case
-    results = run_case("returns", 2, cluster.host_list([1, 1]), shlex.join(cluster.mpi_options()),
-                       command=lambda argv: cluster.command_on(0, argv))
-    assert results == [{"rank": r, "size": 2, "sum": expected_sums(2), "host": cluster.names[r]}
-                       for r in range(2)]
+    where = [cluster.host_list([1, 1]), shlex.join(cluster.mpi_options())]
+    if interface:
+        where.append(str(ipaddress.ip_network(f"{cluster.addresses[0]}/24", strict=False)))
+    results = run_case("returns", 2, *where, command=lambda argv: cluster.command_on(0, argv))
+    assert results == [{"rank": r, "size": 2, "sum": expected_sums(2), "host": cluster.names[r],
+                        "caller": cluster.addresses[0]} for r in range(2)]
 
 
 def _job(cluster, slots, script, tmp_path):

@@ -39,7 +39,8 @@ def expected_sums(size: int) -> list:
 def test_every_ranks_return_value_comes_back_in_rank_order(np_):
     results = run_case("returns", np_)
     assert results == [{"rank": r, "size": np_, "sum": expected_sums(np_),
-                         "host": socket.gethostname()} for r in range(np_)]
+                         "host": socket.gethostname(), "caller": "127.0.0.1"}
+                        for r in range(np_)]
 
 
 def test_an_exception_on_one_rank_ends_the_job_and_is_raised_in_the_caller():
@@ -145,6 +146,16 @@ def test_functions_typed_into_a_notebook_lambdas_and_closures_run_on_the_ranks(n
 def test_a_function_or_argument_that_does_not_pickle_is_refused_before_anything_starts():
     with pytest.raises(ValueError, match="cannot pickle the function or its arguments"):
         hvdlike.run(np.sum, args=(threading.Lock(),), num_proc=2)
+
+
+def test_network_interface_picks_the_address_the_ranks_are_told():
+    """Names or subnets, the first that this machine has; None when it has none of them
+    (then the route is used, as without the argument)."""
+    assert run_func._interface_address("lo") == "127.0.0.1"
+    assert run_func._interface_address("nosuchif0,127.0.0.0/8") == "127.0.0.1"
+    assert run_func._interface_address("nosuchif0,203.0.113.0/24") is None
+    with pytest.raises(ValueError, match="neither an interface name nor a subnet"):
+        run_func._interface_address("10.0.0.0/33")
 
 
 def test_the_ranks_are_told_an_address_of_this_machine_they_can_reach(tmp_path):

@@ -80,7 +80,9 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     local = hosts is None and hostfile is None
     with Listener(("127.0.0.1" if local else "0.0.0.0", 0), authkey=key) as listener:
         port = listener.address[1]
-        address = "127.0.0.1" if local else _reachable_address(hosts, hostfile)
+        address = "127.0.0.1" if local else (
+            network_interface and _interface_address(network_interface)
+            or _reachable_address(hosts, hostfile))
         env = dict(os.environ, **{_ADDRESS: f"{address}:{port}", _KEY: key.hex()})
         outcomes: Dict[int, Tuple[str, Any]] = {}
         server = threading.Thread(target=_serve, args=(listener, job, outcomes), daemon=True)
@@ -140,6 +142,37 @@ def _payload(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
                          "pass objects that pickle (an open file, a lock or a socket does "
                          "not)") from e
     return pickle.dumps((blob, list(sys.path)))
+
+
+def _interface_address(interfaces: str) -> Optional[str]:
+    """This machine's IPv4 address on the first of ``interfaces`` that has one here: names
+    (``eth1``) or subnets (``10.1.0.0/16``), comma-separated, as the MPI is given them; None
+    when none has (the caller may be a machine outside the job's network)."""
+    import fcntl
+    import ipaddress
+    import struct
+    here: Dict[str, str] = {}
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:  # SIOCGIFADDR: the interface's IPv4 address
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # none
+                continue
+        here[name] = socket.inet_ntoa(packed[20:24])
+    for item in (i.strip() for i in interfaces.split(",")):
+        if "/" not in item:
+            if item in here:
+                return here[item]
+            continue
+        try:
+            subnet = ipaddress.ip_network(item, strict=False)
+        except ValueError as e:
+            raise ValueError(f"hvdlike.run: network_interface {item!r} is neither an "
+                             "interface name nor a subnet such as 10.1.0.0/16") from e
+        for address in here.values():
+            if ipaddress.ip_address(address) in subnet:
+                return address
+    return None
 
 
 def _reachable_address(hosts: Optional[str], hostfile: Optional[str]) -> str:

@@ -2,9 +2,10 @@
 the test can bound them with a timeout, and as a main script, whose functions travel to the
 ranks by value.
 
-``python run_func_cases.py CASE NP [HOSTS MPI_ARGS]``; prints one JSON line after ``CASE``.
+``python run_func_cases.py CASE NP [HOSTS MPI_ARGS [NETWORK_INTERFACE]]``; prints one JSON line after ``CASE``.
 """
 import json
+import os
 import signal
 import socket
 import sys
@@ -20,7 +21,8 @@ def reduce_rank_arrays(scale: float, offset: float = 0.0) -> dict:
     x = np.arange(5.0) * (hvd.rank() + 1) * scale
     summed = hvd.allreduce(x, op=hvd.Sum) + offset
     return {"rank": hvd.rank(), "size": hvd.size(), "sum": summed.tolist(),
-            "host": socket.gethostname()}
+            "host": socket.gethostname(),  # and the address this rank reached the caller at:
+            "caller": os.environ["HVDLIKE_RUN_ADDRESS"].rsplit(":", 1)[0]}
 
 
 def fails_on_rank_1() -> str:
@@ -42,6 +44,8 @@ def sleeps() -> None:
 def main() -> None:
     case, np_ = sys.argv[1], int(sys.argv[2])
     where = {} if len(sys.argv) < 4 else {"hosts": sys.argv[3], "mpi_args": sys.argv[4]}
+    if len(sys.argv) > 5:
+        where["network_interface"] = sys.argv[5]
     if case == "returns":
         results = hvdlike.run(reduce_rank_arrays, args=(2.0,), kwargs={"offset": 1.0},
                               num_proc=np_, **where)
