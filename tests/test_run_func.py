@@ -148,6 +148,11 @@ def test_a_function_or_argument_that_does_not_pickle_is_refused_before_anything_
         hvdlike.run(np.sum, args=(threading.Lock(),), num_proc=2)
 
 
+def test_a_malformed_host_list_is_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="bad host list 'a:0,b': expected host"):
+        hvdlike.run(np.sum, num_proc=2, hosts="a:0,b")
+
+
 def test_network_interface_picks_the_address_the_ranks_are_told():
     """Names or subnets, the first that this machine has; None when it has none of them
     (then the route is used, as without the argument)."""
