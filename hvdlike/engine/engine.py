@@ -45,6 +45,7 @@ from .negotiation import Announcement, Key, Negotiation, Rows
 _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
 _SPIN_SECONDS = 50e-6  # busy-test an exchange this long before sleeping between tests
 _MAX_SLEEP = 200e-6
+_FAILED_RANKS_WAIT = 2.0  # seconds a failed engine waits to learn which ranks died
 NONAME_NAMES = 256  # unnamed requests cycle through this many names
 _NONAMES = tuple(f"noname.{k}" for k in range(NONAME_NAMES))
 _GENERAL = object()  # Engine._direct's answer: take the general path (submit, wait)
@@ -591,7 +592,7 @@ class Engine:
                 self._gather.Wait()
             except MPIException:
                 pass
-        failed = _failed_ranks(self._ctrl)  # [] where a peer's revoke told this rank first
+        failed = _failed_ranks(self._ctrl, _FAILED_RANKS_WAIT)
         named = f"ranks {failed}" if failed else "some ranks"
         error = RanksFailedError(
             f"hvdlike: {named} of the {st.size}-rank job died ({exc}). Collectives cannot go on "
@@ -645,16 +646,25 @@ def _comm_failed(comm: Any) -> bool:
         return False
 
 
-def _failed_ranks(comm: Any) -> List[int]:
-    """The ranks of ``comm`` known to have died (ULFM's MPI_Comm_get_failed); [] if unknown."""
-    try:
-        comm.Ack_failed()
-        group = comm.Get_failed()
-        failed = group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())
-        group.Free()
-        return sorted(int(r) for r in failed)
-    except (MPIException, NotImplementedError, AttributeError):
-        return []
+def _failed_ranks(comm: Any, wait: float = 0.0) -> List[int]:
+    """The ranks of ``comm`` known here to have died (ULFM's MPI_Comm_get_failed); [] if still
+    unknown after ``wait`` seconds, or on an MPI without ULFM. A rank told of a death only by
+    a peer's revoke learns who died once MPI makes progress (30-65 ms in our runs), so it
+    drives MPI's progress while it waits."""
+    from mpi4py import MPI
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            comm.Ack_failed()
+            group = comm.Get_failed()
+            failed = group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())
+            group.Free()
+        except (MPIException, NotImplementedError, AttributeError):
+            return []
+        if failed or time.monotonic() >= deadline:
+            return sorted(int(r) for r in failed)
+        MPI.COMM_SELF.Iprobe()  # a call into MPI: its progress engine hears of the failure
+        time.sleep(0.01)
 
 
 def _row_name(process_set: Any, name: str) -> str:
