@@ -163,6 +163,29 @@ def test_network_interface_picks_the_address_the_ranks_are_told():
         run_func._interface_address("10.0.0.0/33")
 
 
+def _first_interface():
+    """This machine's first interface other than loopback with an IPv4 address, and that
+    address; None if it has none (Open MPI refuses loopback alone for its own connections)."""
+    for _, name in socket.if_nameindex():
+        address = run_func._interface_address(name)
+        if address and not address.startswith("127."):
+            return name, address
+    return None
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_with_network_interface_the_caller_listens_on_that_network_only(named):
+    """With hosts the caller listens on every interface, unless network_interface names a
+    network this machine is on: then only there. The ranks (on this machine) try the
+    caller's port at the address they were told and at 127.0.0.2, which only a socket bound
+    to every interface takes."""
+    found = _first_interface()
+    if found is None:
+        pytest.skip("this machine has no network interface but loopback to name")
+    where = ["localhost:2", ""] + ([found[0]] if named else [])
+    assert run_case("listens", 2, *where) == [{"told": True, "127.0.0.2": not named}] * 2
+
+
 def test_the_ranks_are_told_an_address_of_this_machine_they_can_reach(tmp_path):
     """127.0.0.1 when every host is this machine; else the source address of the route to
     the first other host (the test cluster checks that one end to end)."""

@@ -78,11 +78,15 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     job = _payload(func, tuple(args), dict(kwargs or {}))
     key = os.urandom(32)
     local = hosts is None and hostfile is None
-    with Listener(("127.0.0.1" if local else "0.0.0.0", 0), authkey=key) as listener:
+    chosen = _interface_address(network_interface) if network_interface and not local else None
+    if local:
+        address = listen = "127.0.0.1"
+    elif chosen:  # listen on the job's network only
+        address = listen = chosen
+    else:
+        address, listen = _reachable_address(hosts, hostfile), "0.0.0.0"
+    with Listener((listen, 0), authkey=key) as listener:
         port = listener.address[1]
-        address = "127.0.0.1" if local else (
-            network_interface and _interface_address(network_interface)
-            or _reachable_address(hosts, hostfile))
         env = dict(os.environ, **{_ADDRESS: f"{address}:{port}", _KEY: key.hex()})
         outcomes: Dict[int, Tuple[str, Any]] = {}
         server = threading.Thread(target=_serve, args=(listener, job, outcomes), daemon=True)
@@ -92,7 +96,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
         try:
             returncode = _wait(subprocess.Popen(command, env=env))
         finally:
-            with Client(("127.0.0.1", port), authkey=key) as conn:  # ends _serve
+            with Client((address if listen != "0.0.0.0" else "127.0.0.1", port),
+                        authkey=key) as conn:  # ends _serve
                 conn.send(("done",))
             server.join()
     return _results(num_proc, returncode, outcomes)

@@ -25,6 +25,20 @@ def reduce_rank_arrays(scale: float, offset: float = 0.0) -> dict:
             "caller": os.environ["HVDLIKE_RUN_ADDRESS"].rsplit(":", 1)[0]}
 
 
+def caller_answers_at() -> dict:
+    """Whether the caller's port takes a connection at the address the ranks were told and at
+    127.0.0.2 (only a socket bound to every interface answers there)."""
+    told, port = os.environ["HVDLIKE_RUN_ADDRESS"].rsplit(":", 1)
+    answers = {}
+    for name, address in (("told", told), ("127.0.0.2", "127.0.0.2")):
+        try:
+            socket.create_connection((address, int(port)), timeout=10).close()
+            answers[name] = True
+        except OSError:
+            answers[name] = False
+    return answers
+
+
 def fails_on_rank_1() -> str:
     import hvdlike as hvd
     hvd.init()
@@ -50,6 +64,9 @@ def main() -> None:
         results = hvdlike.run(reduce_rank_arrays, args=(2.0,), kwargs={"offset": 1.0},
                               num_proc=np_, **where)
         print("returns " + json.dumps(results), flush=True)
+    elif case == "listens":
+        print("listens " + json.dumps(hvdlike.run(caller_answers_at, num_proc=np_, **where)),
+              flush=True)
     elif case == "interrupted":  # the test interrupts this process while the ranks sleep
         # Ctrl-C as a notebook's kernel gets it, even where this process was started with
         # SIGINT ignored (a background job of a shell without job control, as in CI)
