@@ -672,6 +672,33 @@ def test_horovodrun_launch_flags_become_open_mpi_options(openmpi):
     assert "--output-filename /tmp/out python train.py" in cmd
 
 
+@pytest.mark.parametrize("given,oob", [("lo", None), ("lo,eth1", "eth1"),
+                                       ("127.0.0.0/8,10.1.0.0/16", "10.1.0.0/16")])
+def test_loopback_is_left_out_of_open_mpis_out_of_band_interfaces(openmpi, given, oob):
+    """Open MPI's launcher refuses a loopback-only list for its own connections (and uses
+    loopback by itself on one machine): the ranks' TCP gets the whole list, the launcher
+    what is left."""
+    words = shlex.split(run_launcher("-np", "2", "--network-interface", given, "--dry-run",
+                                     "python", "train.py").stdout)
+    cmd = " ".join(words[words.index(openmpi):])
+    assert f"--mca btl_tcp_if_include {given}" in cmd
+    if oob is None:
+        assert "oob_tcp_if_include" not in cmd
+    else:
+        assert f"--mca oob_tcp_if_include {oob} python" in cmd
+
+
+def test_a_job_on_the_loopback_interface_runs():
+    """``--network-interface lo`` on one machine (Open MPI ended such a job before any rank
+    started: 'No network interfaces were found for out-of-band communications')."""
+    done = run_launcher("-np", "2", "--network-interface", "lo", sys.executable, "-c",
+                        "import hvdlike as h; h.init(); "
+                        "print('SUM', h.rank(), h.allreduce(h.rank() + 1.0, op=h.Sum))")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("SUM")) == [
+        "SUM 0 3.0", "SUM 1 3.0"]
+
+
 def test_horovodrun_launch_flags_become_hydra_options():
     mpiexec = os.path.join(mpich_prefix(), "bin", "mpiexec")
     words = shlex.split(run_launcher("-np", "2", "--mpirun", mpiexec, "-p", "2222",

@@ -100,8 +100,10 @@ def launcher_args(args: argparse.Namespace, flavor: Flavor) -> List[str]:
         if ssh:
             out += ["--mca", "plm_rsh_args", " ".join(ssh)]
         if args.network_interface:
-            out += ["--mca", "btl_tcp_if_include", args.network_interface,
-                    "--mca", "oob_tcp_if_include", args.network_interface]
+            out += ["--mca", "btl_tcp_if_include", args.network_interface]
+            oob = _without_loopback(args.network_interface)
+            if oob:
+                out += ["--mca", "oob_tcp_if_include", oob]
         if args.output_filename:
             out += ["--output-filename", args.output_filename]
         return out
@@ -113,3 +115,33 @@ def launcher_args(args: argparse.Namespace, flavor: Flavor) -> List[str]:
         raise ValueError("--output-filename: MPICH and Intel MPI have no such option; pass "
                          "theirs through --mpi-args (e.g. -outfile-pattern)")
     return out
+
+
+def _without_loopback(interfaces: str) -> str:
+    """``interfaces`` (names or subnets, comma-separated) less the loopback ones, for Open
+    MPI's out-of-band channel: its launcher refuses a list of loopback only ("No network
+    interfaces were found for out-of-band communications") and uses loopback on one machine
+    by itself, so ``--network-interface lo`` names the ranks' network alone."""
+    import ipaddress
+    loopback = ipaddress.ip_network("127.0.0.0/8")
+    kept = []
+    for item in (i.strip() for i in interfaces.split(",") if i.strip()):
+        if "/" in item:
+            try:
+                if ipaddress.ip_network(item, strict=False).subnet_of(loopback):
+                    continue
+            except (ValueError, TypeError):  # not IPv4: Open MPI says what it makes of it
+                pass
+        elif _is_loopback(item):
+            continue
+        kept.append(item)
+    return ",".join(kept)
+
+
+def _is_loopback(name: str) -> bool:
+    """Whether this machine's interface ``name`` is a loopback device (IFF_LOOPBACK)."""
+    try:
+        with open(f"/sys/class/net/{name}/flags") as f:
+            return bool(int(f.read(), 16) & 0x8)
+    except (OSError, ValueError):
+        return name == "lo"
