@@ -26,6 +26,7 @@
 | HVDLIKE_ELASTIC_MAX_NP | 0 | `hvdlike.elastic`: start new ranks in place of dead ones, up to this many (`hvdlikerun --max-np`; 0: never) |
 """
 import dataclasses
+import difflib
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -45,16 +46,51 @@ HOROVOD_NAMES = {
     "HOROVOD_HIERARCHICAL_ALLREDUCE": "HVDLIKE_HIERARCHICAL_ALLREDUCE",
     "HOROVOD_HIERARCHICAL_ALLGATHER": "HVDLIKE_HIERARCHICAL_ALLGATHER",
 }
-# Horovod settings hvdlike has no equivalent for (yet): said once per job, then ignored
+# Horovod settings hvdlike has no equivalent for (yet), by name or prefix: said once per job,
+# then ignored. Any other HOROVOD_ variable that is set gets a plain "no effect" note, except
+# Horovod's build-time ones (_HOROVOD_BUILD), which mean nothing once Horovod is installed.
 HOROVOD_IGNORED = {
     "HOROVOD_GPU_OPERATIONS": "hvdlike chooses NCCL for GPU arrays where it can; set "
                               "HVDLIKE_GPU_TRANSPORT=nccl or staged to choose",
+    "HOROVOD_AUTOTUNE": "hvdlike has no autotuning; set HVDLIKE_FUSION_THRESHOLD and "
+                        "HVDLIKE_CYCLE_TIME (flat against hierarchical all-reduce and single "
+                        "copy against the shared window are measured on the job's own buckets "
+                        "with HVDLIKE_HIERARCHICAL_ALLREDUCE=auto and HVDLIKE_CMA=auto)",
+    "HOROVOD_CONTROLLER": "hvdlike runs on MPI only",
+    "HOROVOD_CPU_OPERATIONS": "hvdlike runs on MPI only",
 }
+_HOROVOD_BUILD = ("HOROVOD_WITH_", "HOROVOD_WITHOUT_", "HOROVOD_BUILD_", "HOROVOD_GPU",
+                  "HOROVOD_NCCL_", "HOROVOD_CUDA_", "HOROVOD_ROCM_", "HOROVOD_CMAKE",
+                  "HOROVOD_MPICXX_SHOW", "HOROVOD_ALLOW_MIXED_GPU_IMPL", "HOROVOD_DEBUG")
+
+# Every HVDLIKE_ variable hvdlike reads: the settings of the table above, and those that
+# hvdlike's own tools set for the ranks or read (tests/test_settings.py checks the list against
+# the code). Any other one that is set is a typo or a setting that is gone: said once per job.
+KNOWN_NAMES = frozenset({
+    "HVDLIKE_FUSION_THRESHOLD", "HVDLIKE_SHM_THRESHOLD", "HVDLIKE_SHM_BUFFER", "HVDLIKE_CMA",
+    "HVDLIKE_CMA_THRESHOLD", "HVDLIKE_HIERARCHICAL_ALLREDUCE", "HVDLIKE_HIERARCHICAL_ALLGATHER",
+    "HVDLIKE_CYCLE_TIME", "HVDLIKE_CACHE_CAPACITY", "HVDLIKE_OVERLAP", "HVDLIKE_TIMELINE",
+    "HVDLIKE_TIMELINE_MARK_CYCLES", "HVDLIKE_ABORT_ON_EXCEPTION",
+    "HVDLIKE_STALL_CHECK_TIME_SECONDS", "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
+    "HVDLIKE_STALL_CHECK_DISABLE", "HVDLIKE_LOG_LEVEL", "HVDLIKE_GPU_TRANSPORT",
+    "HVDLIKE_NODE_NAMES", "HVDLIKE_STATE_DIR", "HVDLIKE_ELASTIC_MIN_NP",
+    "HVDLIKE_ELASTIC_MAX_NP",
+    # set by hvdlikerun, hvdlike.run and TF_CONFIG emulation for the ranks
+    "HVDLIKE_RESTART", "HVDLIKE_RUN_ADDRESS", "HVDLIKE_RUN_AUTHKEY", "HVDLIKE_TF_BIND",
+    "HVDLIKE_TF_CONFIG_HOST",
+    # read by scripts/ (set-up, the test Slurm cluster, the GPU check)
+    "HVDLIKE_VENV", "HVDLIKE_GPU_VENV", "HVDLIKE_SLURMCTLD_PORT", "HVDLIKE_SLURMD_PORT",
+    "HVDLIKE_SLURM_NO_INSTALL",
+})
+_KNOWN_PREFIXES = ("HVDLIKE_TEST_",)  # the test suite's own variables
+_GONE = {"HVDLIKE_CONSISTENCY_CHECK": "the check that ranks agree is part of matching "
+                                      "collectives by name and can no longer be turned off"}
 
 
 def with_horovod_names(env: Mapping[str, str]) -> Tuple[Dict[str, str], List[str]]:
     """``env`` with every HVDLIKE_ setting that is unset taken from its Horovod name, and what
-    to tell the user once: names that disagree, Horovod settings that have no effect."""
+    to tell the user once: names that disagree, Horovod settings that have no effect, and
+    HVDLIKE_ variables that are no setting (a typo, or one that is gone)."""
     merged, notes = dict(env), []
     for horovod, ours in HOROVOD_NAMES.items():
         theirs = env.get(horovod)
@@ -65,9 +101,23 @@ def with_horovod_names(env: Mapping[str, str]) -> Tuple[Dict[str, str], List[str
             merged[ours] = theirs
         elif mine != theirs:
             notes.append(f"{ours}={mine!r} and {horovod}={theirs!r} disagree; using {ours}")
-    for horovod, why in HOROVOD_IGNORED.items():
-        if env.get(horovod) not in (None, "", "0"):
-            notes.append(f"{horovod} is ignored: {why}")
+    for name in sorted(env):
+        if env[name] == "" or name in HOROVOD_NAMES:
+            continue
+        if name.startswith("HOROVOD_") and env[name] != "0":  # 0: what Horovod does unset
+            why = next((why for prefix, why in HOROVOD_IGNORED.items()
+                        if name.startswith(prefix)), None)
+            if why is None and name.startswith(_HOROVOD_BUILD):
+                continue
+            if not (name in ("HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS")
+                    and env[name].lower() == "mpi"):
+                notes.append(f"{name} is ignored: {why or 'hvdlike has no such setting'}")
+        elif name.startswith("HVDLIKE_") and name not in KNOWN_NAMES and not name.startswith(
+                _KNOWN_PREFIXES):
+            close = difflib.get_close_matches(name, sorted(KNOWN_NAMES), n=1, cutoff=0.8)
+            why = _GONE.get(name) or (f"did you mean {close[0]}?" if close else
+                                      "see Configuration in the README")
+            notes.append(f"{name} is not an hvdlike setting and has no effect: {why}")
     return merged, notes
 
 

@@ -94,6 +94,55 @@ def test_the_hvdlike_name_wins_and_disagreement_and_ignored_settings_are_reporte
     assert with_horovod_names({"HOROVOD_CYCLE_TIME": "5", "HVDLIKE_CYCLE_TIME": "5"})[1] == []
 
 
+def test_variables_that_are_no_setting_are_reported_once_with_what_to_do():
+    """A typo in an HVDLIKE_ name, a setting that is gone, and Horovod variables that have no
+    effect here are said; build-time Horovod variables and names hvdlike reads are not."""
+    from hvdlike.settings import with_horovod_names
+
+    env = {"HVDLIKE_FUSION_TRESHOLD": "1024", "HOROVOD_AUTOTUNE": "1",
+           "HOROVOD_AUTOTUNE_LOG": "/tmp/autotune.csv", "HOROVOD_CONTROLLER": "gloo",
+           "HOROVOD_CPU_OPERATIONS": "mpi", "HOROVOD_ENABLE_XLA_OPS": "1",
+           "HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_GPU_ALLREDUCE": "NCCL",
+           "HVDLIKE_CYCLE_TIME": "2", "HVDLIKE_RESTART": "0", "HVDLIKE_TEST_CHECKS": "x"}
+    notes = with_horovod_names(env)[1]
+    tuning = "hvdlike has no autotuning; set HVDLIKE_FUSION_THRESHOLD and HVDLIKE_CYCLE_TIME"
+    assert [n.split(":")[0] for n in notes] == [
+        "HOROVOD_AUTOTUNE is ignored", "HOROVOD_AUTOTUNE_LOG is ignored",
+        "HOROVOD_CONTROLLER is ignored", "HOROVOD_ENABLE_XLA_OPS is ignored",
+        "HVDLIKE_FUSION_TRESHOLD is not an hvdlike setting and has no effect"], notes
+    assert notes[0].startswith(f"HOROVOD_AUTOTUNE is ignored: {tuning}")
+    assert notes[2] == "HOROVOD_CONTROLLER is ignored: hvdlike runs on MPI only"
+    assert notes[3] == "HOROVOD_ENABLE_XLA_OPS is ignored: hvdlike has no such setting"
+    assert notes[4].endswith("did you mean HVDLIKE_FUSION_THRESHOLD?")
+    env = {"HVDLIKE_CONSISTENCY_CHECK": "0", "HVDLIKE_NO_SUCH_THING": "1"}
+    assert with_horovod_names(env)[1] == [
+        "HVDLIKE_CONSISTENCY_CHECK is not an hvdlike setting and has no effect: the check that "
+        "ranks agree is part of matching collectives by name and can no longer be turned off",
+        "HVDLIKE_NO_SUCH_THING is not an hvdlike setting and has no effect: see Configuration "
+        "in the README"]
+
+
+def test_every_hvdlike_variable_the_code_reads_is_known():
+    """KNOWN_NAMES (what is not reported as a typo) lists every HVDLIKE_ name in hvdlike's
+    code and scripts, and every row of the settings table."""
+    import re
+    from pathlib import Path
+    from hvdlike import settings
+
+    root = Path(__file__).resolve().parent.parent
+    files = [*root.joinpath("hvdlike").rglob("*.py"), *root.joinpath("scripts").rglob("*.sh"),
+             *root.joinpath("scripts").rglob("*.py")]
+    used = {m for f in files for m in re.findall(r"HVDLIKE_[A-Z0-9_]+",
+                                                 f.read_text(errors="replace"))
+            if not m.endswith("_")}  # a prefix, such as HVDLIKE_TEST_
+    used -= {"HVDLIKE_CONSISTENCY_CHECK"}  # named in settings.py as a setting that is gone
+    missing = sorted(n for n in used if n not in settings.KNOWN_NAMES
+                     and not n.startswith(settings._KNOWN_PREFIXES))
+    assert missing == []
+    table = set(re.findall(r"^\| (HVDLIKE_\w+) \|", settings.__doc__ or "", re.M))
+    assert table and table <= settings.KNOWN_NAMES
+
+
 def test_a_bad_horovod_value_names_the_horovod_variable():
     with pytest.raises(ValueError, match="HOROVOD_FUSION_THRESHOLD='64MB' is not an integer"):
         Settings.from_env({"HOROVOD_FUSION_THRESHOLD": "64MB"})
