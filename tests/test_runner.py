@@ -8,6 +8,7 @@ scripts/start_test_slurm.sh).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -697,6 +698,49 @@ def test_a_job_on_the_loopback_interface_runs():
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(line for line in done.stdout.splitlines() if line.startswith("SUM")) == [
         "SUM 0 3.0", "SUM 1 3.0"]
+
+
+def _check_build_lines(*args: str) -> dict:
+    """``hvdlikerun --check-build``'s "[X] name (...)" lines as {section: {name: found}}."""
+    done = run_launcher(*args)
+    assert done.returncode == 0, done.stderr
+    sections: dict = {}
+    for line in done.stdout.splitlines():
+        if line.endswith(":") and not line.startswith(" "):
+            section = sections.setdefault(line[:-1], {})
+        elif line.startswith("    ["):
+            mark, rest = line[5], line[8:]
+            name, _, found = rest.partition(" (")
+            section[name] = found.rstrip(")") if mark == "X" else None
+    return sections
+
+
+def test_check_build_says_what_this_installation_runs_in_horovods_layout(openmpi):
+    import importlib.util
+    from hvdlike import __version__, runtime
+
+    for flag in ("--check-build", "-cb"):  # no -np needed
+        lines = _check_build_lines(flag)
+        assert f"hvdlike v{__version__}" in lines
+        frameworks = lines["Available Frameworks"]
+        assert (frameworks["TensorFlow"] is not None) == (
+            importlib.util.find_spec("tensorflow") is not None)
+        assert frameworks["PyTorch"] is None and frameworks["MXNet"] is None
+        assert lines["Available Controllers"] == {
+            "MPI": f"Open MPI {version_text(openmpi).split()[3]}, {openmpi}", "Gloo": None}
+        ops = lines["Available Tensor Operations"]
+        assert ops["MPI"] == lines["Available Controllers"]["MPI"]
+        assert (ops["NCCL"] is not None) == runtime.nccl_built()
+        assert ops["Gloo"] is None and ops["DDL"] is None and ops["CCL"] is None
+    done = run_launcher("--version")
+    assert done.returncode == 0 and done.stdout.strip() == __version__
+
+
+def test_check_build_names_the_mpi_given_with_mpirun():
+    mpiexec = os.path.join(mpich_prefix(), "bin", "mpiexec")
+    lines = _check_build_lines("--check-build", "--mpirun", mpiexec)
+    assert re.fullmatch(r"MPICH \d+(\.\d+)+, " + re.escape(mpiexec),
+                        lines["Available Controllers"]["MPI"])
 
 
 def test_horovodrun_launch_flags_become_hydra_options():

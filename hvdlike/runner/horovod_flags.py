@@ -50,6 +50,10 @@ def add_to(parser: argparse.ArgumentParser) -> None:
     group.add_argument("-i", "--ssh-identity-file", help="ssh key for the other hosts")
     group.add_argument("--network-interface", help="network interface(s) MPI uses, e.g. eth0")
     group.add_argument("--output-filename", help="directory for each rank's output (Open MPI)")
+    group.add_argument("-cb", "--check-build", action="store_true",
+                       help="print the frameworks, controllers and tensor operations this "
+                            "installation can run, and exit")
+    group.add_argument("--version", action="store_true", help="print hvdlike's version and exit")
     for flag in REFUSED:
         group.add_argument(flag, nargs="?", const="", default=None, help=argparse.SUPPRESS)
 

@@ -418,6 +418,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if args.check_build or args.version:
+        from .. import __version__
+        from .check_build import report
+        print(report(args.mpirun) if args.check_build else __version__, flush=True)
+        return 0
     if args.np is None:
         parser.error("-np N is required: the number of ranks to start, e.g. -np 2")
     why = horovod_flags.refused(args)
