@@ -18,7 +18,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pytest
 
@@ -758,11 +758,80 @@ def test_horovodrun_launch_flags_become_hydra_options():
 @pytest.mark.parametrize("flag,words", [
     (["--start-timeout", "30"], "`timeout N hvdlikerun ...` bounds the whole job"),
     (["--gloo"], "hvdlike runs on MPI only"),
+    (["--gloo-timeout-seconds", "30"], "hvdlike runs on MPI only"),
     (["--fusion-threshold-mb", "big"], "--fusion-threshold-mb 'big' is not a number"),
+    (["--autotune-log-file", "/tmp/a.csv"], "hvdlike has no autotuning; set --fusion-"),
+    (["--config-file", "hvd.yaml"], "reads no config file; give its settings as flags"),
+    (["--mpi-threads-disable"], "initialises MPI with MPI_THREAD_MULTIPLE"),
+    (["--thread-affinity", "1"], "bind the ranks with --binding-args instead"),
+    (["--num-nccl-streams", "2"], "NCCL collectives on one stream"),
+    (["--jsrun"], "start them with jsrun yourself"),
+    (["--log-with-timestamp"], "--prefix-output-with-timestamp stamps every line"),
+    (["--host-discovery-script", "d.sh"], "elastic mode has no host discovery"),
+    (["--blacklist-cooldown-range", "60", "300"], "elastic mode has no host discovery"),
+    (["--hierarchical-allreduce", "--no-hierarchical-allreduce"],
+     "--hierarchical-allreduce and --no-hierarchical-allreduce contradict each other"),
 ])
 def test_horovodrun_flags_without_an_equivalent_are_refused_with_a_reason(flag, words):
     done = run_launcher("-np", "2", *flag, "--dry-run", "python", "train.py")
     assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+def _dry_run(*flags: str, env: Optional[Mapping[str, str]] = None) -> Tuple[dict, List[str]]:
+    """hvdlikerun --dry-run's variables and launcher words for ``flags``."""
+    done = run_launcher("-np", "2", *flags, "--dry-run", "python", "train.py", env=env)
+    assert done.returncode == 0, done.stderr
+    words = shlex.split(done.stdout)
+    start = next(i for i, w in enumerate(words) if "=" not in w)
+    return dict(w.split("=", 1) for w in words[:start]), words[start + 1:]
+
+
+def test_more_horovodrun_flags_are_taken(openmpi):
+    """The negative switches set 0 (hvdlike's defaults differ from Horovod's), the flags that
+    have no effect under horovodrun with Open MPI either change nothing, and the aliases."""
+    variables, words = _dry_run("--no-hierarchical-allreduce", "--no-hierarchical-allgather",
+                                "--no-timeline-mark-cycles", "--stall-check")
+    assert {k: v for k, v in variables.items() if k.startswith("HVDLIKE_")} == {
+        "HVDLIKE_HIERARCHICAL_ALLREDUCE": "0", "HVDLIKE_HIERARCHICAL_ALLGATHER": "0",
+        "HVDLIKE_TIMELINE_MARK_CYCLES": "0", "HVDLIKE_STALL_CHECK_DISABLE": "0"}
+    plain = _dry_run()
+    assert _dry_run("--disable-cache", "--mpi", "--tcp", "--no-autotune",
+                    "--log-without-timestamp", "--log-hide-timestamp") == plain
+    assert _dry_run("--min-num-proc", "1", "--max-num-proc", "2") == _dry_run(
+        "--min-np", "1", "--max-np", "2")
+
+
+def test_network_interfaces_may_be_repeated_and_reach_nccl(openmpi):
+    """Horovod's --network-interfaces, or --network-interface repeated: their union. NCCL's
+    sockets get the names (NCCL takes no subnets), unless NCCL_SOCKET_IFNAME is set."""
+    variables, words = _dry_run("--network-interfaces", "eth1,10.1.0.0/16",
+                                "--network-interface", "eth2", "--network-interface", "eth1")
+    assert " ".join(words[:-2]).endswith(
+        "--mca btl_tcp_if_include eth1,10.1.0.0/16,eth2 "
+        "--mca oob_tcp_if_include eth1,10.1.0.0/16,eth2")
+    assert variables["NCCL_SOCKET_IFNAME"] == "eth1,eth2"
+    variables, _ = _dry_run("--network-interface", "eth1", env={"NCCL_SOCKET_IFNAME": "ib0"})
+    assert "NCCL_SOCKET_IFNAME" not in variables  # the user's own, inherited unchanged
+
+
+def test_binding_args_replace_the_default_binding(openmpi):
+    _, words = _dry_run()
+    assert "--bind-to none" in " ".join(words)
+    _, words = _dry_run("--binding-args", "--bind-to core --map-by socket")
+    assert "--bind-to none" not in " ".join(words)
+    assert "--bind-to core --map-by socket python train.py" in " ".join(words)
+
+
+def test_output_lines_are_stamped_with_prefix_output_with_timestamp(openmpi):
+    done = run_launcher("-np", "2", "--prefix-output-with-timestamp", sys.executable, "-c",
+                        "print('LINE', flush=True)")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.endswith("LINE")]
+    assert len(lines) == 2 and all(re.match(r"\[\w{3} \w{3} +\d+ [\d:]+ \d{4}\]", line)
+                                   for line in lines), done.stdout
+    hydra = run_launcher("-np", "2", "--mpirun", os.path.join(mpich_prefix(), "bin", "mpiexec"),
+                         "-prefix-timestamp", "--dry-run", "python", "train.py")
+    assert hydra.returncode == 2 and "MPICH and Intel MPI have no such option" in hydra.stderr
 
 
 def test_a_job_started_with_horovodrun_flags_runs_with_those_settings(openmpi):

@@ -1,11 +1,13 @@
 """The ``horovodrun`` flags a Horovod user types, accepted by ``hvdlikerun``.
 
 Tuning flags become the hvdlike setting they name (an environment variable every rank
-reads); launch flags become the MPI's own options; flags with no equivalent are refused
-with what to do instead, never silently dropped.
+reads); launch flags become the MPI's own options; flags that change nothing under horovodrun
+with Open MPI or MPICH either are taken and change nothing here; every other flag with no
+equivalent is refused with what to do instead, never silently dropped.
 """
 import argparse
-from typing import Dict, List, Optional
+import os
+from typing import Any, Dict, List, Optional
 
 from .mpi_flavor import Flavor
 
@@ -24,36 +26,92 @@ SETTINGS = {
                                             "end the job after a stall this long"),
     "--log-level": ("HVDLIKE_LOG_LEVEL", str, "trace, debug, info, warning, error or fatal"),
 }
-SWITCHES = {  # flags without a value
-    "--timeline-mark-cycles": ("HVDLIKE_TIMELINE_MARK_CYCLES", "mark engine rounds in the timeline"),
-    "--no-stall-check": ("HVDLIKE_STALL_CHECK_DISABLE", "turn the stall inspector off"),
-    "--hierarchical-allreduce": ("HVDLIKE_HIERARCHICAL_ALLREDUCE",
+SWITCHES = {  # flags without a value -> (setting, value, help; None: hidden, as in horovodrun)
+    "--timeline-mark-cycles": ("HVDLIKE_TIMELINE_MARK_CYCLES", "1",
+                               "mark engine rounds in the timeline"),
+    "--no-timeline-mark-cycles": ("HVDLIKE_TIMELINE_MARK_CYCLES", "0", None),
+    "--no-stall-check": ("HVDLIKE_STALL_CHECK_DISABLE", "1", "turn the stall inspector off"),
+    "--stall-check": ("HVDLIKE_STALL_CHECK_DISABLE", "0", None),
+    "--hierarchical-allreduce": ("HVDLIKE_HIERARCHICAL_ALLREDUCE", "1",
                                  "all-reduce inside each node, then across nodes"),
-    "--hierarchical-allgather": ("HVDLIKE_HIERARCHICAL_ALLGATHER",
+    "--no-hierarchical-allreduce": ("HVDLIKE_HIERARCHICAL_ALLREDUCE", "0",
+                                    "one flat all-reduce over every rank"),
+    "--hierarchical-allgather": ("HVDLIKE_HIERARCHICAL_ALLGATHER", "1",
                                  "all-gather node by node (hvdlike's default)"),
+    "--no-hierarchical-allgather": ("HVDLIKE_HIERARCHICAL_ALLGATHER", "0",
+                                    "one flat all-gather over every rank"),
 }
+# accepted and without effect, as in horovodrun with Open MPI or MPICH, or already so here
+NO_EFFECT = ("--disable-cache", "--mpi", "--tcp", "--no-autotune", "--log-without-timestamp",
+             "--log-hide-timestamp", "--no-mpi-threads-disable")
+_AUTOTUNE = "hvdlike has no autotuning; set --fusion-threshold-mb and --cycle-time-ms"
+_DISCOVERY = ("hvdlike's elastic mode has no host discovery: it goes on with the survivors "
+              "and, with --max-np, starts new ranks in place of the dead on the hosts it has "
+              "(docs/reliability.md)")
 REFUSED = {
     "--start-timeout": "hvdlikerun has no start timeout; the MPI launcher reports ranks that "
                        "cannot start, and `timeout N hvdlikerun ...` bounds the whole job",
     "--gloo": "hvdlike runs on MPI only; drop the flag",
-    "--autotune": "hvdlike has no autotuning; set --fusion-threshold-mb and --cycle-time-ms",
+    "--gloo-timeout-seconds": "hvdlike runs on MPI only; drop the flag",
+    "--jsrun": "hvdlikerun starts ranks with mpirun or srun (--launcher); start them with "
+               "jsrun yourself where you must: hvdlike.init() needs nothing from hvdlikerun",
+    "--config-file": "hvdlikerun reads no config file; give its settings as flags or HVDLIKE_ "
+                     "variables (README: Configuration)",
+    "--mpi-threads-disable": "hvdlike initialises MPI with MPI_THREAD_MULTIPLE: its engine "
+                             "thread and your threads may both call MPI; drop the flag",
+    "--num-nccl-streams": "hvdlike runs its NCCL collectives on one stream; drop the flag",
+    "--thread-affinity": "hvdlike does not pin its engine thread; bind the ranks with "
+                         "--binding-args instead",
+    "--log-with-timestamp": "hvdlike's log lines carry no timestamp; "
+                            "--prefix-output-with-timestamp stamps every line of output",
+    "--autotune": _AUTOTUNE,
+    "--autotune-log-file": _AUTOTUNE,
+    "--autotune-warmup-samples": _AUTOTUNE,
+    "--autotune-steps-per-sample": _AUTOTUNE,
+    "--autotune-bayes-opt-max-samples": _AUTOTUNE,
+    "--autotune-gaussian-process-noise": _AUTOTUNE,
+    "--host-discovery-script": _DISCOVERY,
+    "--slots-per-host": _DISCOVERY,
+    "--elastic-timeout": _DISCOVERY,
+    "--reset-limit": _DISCOVERY,
+    "--blacklist-cooldown-range": _DISCOVERY,
 }
+
+
+class _Interfaces(argparse.Action):
+    """``--network-interface(s)``, given once or more, each a name or subnet or a
+    comma-separated list of them: their union, in order, comma-separated."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        items = (getattr(namespace, self.dest) or "").split(",") + str(values).split(",")
+        joined = ",".join(dict.fromkeys(i.strip() for i in items if i.strip()))
+        setattr(namespace, self.dest, joined or None)
 
 
 def add_to(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("horovodrun's flags (a Horovod job script keeps working)")
     for flag, (_, _, help_text) in SETTINGS.items():
         group.add_argument(flag, metavar="VALUE", help=help_text)
-    for flag, (_, help_text) in SWITCHES.items():
-        group.add_argument(flag, action="store_true", help=help_text)
+    for flag, (_, _, help_text) in SWITCHES.items():
+        group.add_argument(flag, action="store_true", help=help_text or argparse.SUPPRESS)
     group.add_argument("-p", "--ssh-port", type=int, help="ssh port of the other hosts")
     group.add_argument("-i", "--ssh-identity-file", help="ssh key for the other hosts")
-    group.add_argument("--network-interface", help="network interface(s) MPI uses, e.g. eth0")
+    group.add_argument("--network-interface", "--network-interfaces", action=_Interfaces,
+                       help="network interface(s) or subnet(s) MPI uses, e.g. eth0 (the flag "
+                            "may be repeated)")
     group.add_argument("--output-filename", help="directory for each rank's output (Open MPI)")
+    group.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp",
+                       action="store_true", help="stamp each line of output (Open MPI)")
+    group.add_argument("--binding-args", metavar="ARGS",
+                       help="the launcher's process binding options, e.g. '--bind-to core' "
+                            "(instead of hvdlikerun's --bind-to none)")
     group.add_argument("-cb", "--check-build", action="store_true",
                        help="print the frameworks, controllers and tensor operations this "
                             "installation can run, and exit")
     group.add_argument("--version", action="store_true", help="print hvdlike's version and exit")
+    for flag in NO_EFFECT:
+        group.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag in REFUSED:
         group.add_argument(flag, nargs="?", const="", default=None, help=argparse.SUPPRESS)
 
@@ -80,20 +138,28 @@ def settings_env(args: argparse.Namespace) -> Dict[str, str]:
                 env[name] = convert(value)
             except ValueError:
                 raise ValueError(f"{flag} {value!r} is not a number") from None
-    for flag, (name, _) in SWITCHES.items():
+    given: Dict[str, str] = {}
+    for flag, (name, value, _) in SWITCHES.items():
         if getattr(args, _attr(flag)):
-            env[name] = "1"
+            if name in env and env[name] != value:
+                raise ValueError(f"{given[name]} and {flag} contradict each other; give one")
+            env[name], given[name] = value, flag
+    if args.network_interface and "NCCL_SOCKET_IFNAME" not in os.environ:
+        names = [i for i in args.network_interface.split(",") if "/" not in i]
+        if names:  # NCCL's own sockets too, as horovodrun does (NCCL takes no subnets)
+            env["NCCL_SOCKET_IFNAME"] = ",".join(names)
     return env
 
 
 def launcher_options_given(args: argparse.Namespace) -> bool:
     """Whether any flag that becomes an MPI launcher option was given."""
     return bool(args.ssh_port is not None or args.ssh_identity_file or args.network_interface
-                or args.output_filename)
+                or args.output_filename or args.prefix_output_with_timestamp)
 
 
 def launcher_args(args: argparse.Namespace, flavor: Flavor) -> List[str]:
-    """The MPI launcher's options for -p/-i/--network-interface/--output-filename."""
+    """The MPI launcher's options for -p/-i/--network-interface/--output-filename/
+    --prefix-output-with-timestamp."""
     ssh = []
     if args.ssh_port is not None:
         ssh += ["-p", str(args.ssh_port)]
@@ -110,6 +176,8 @@ def launcher_args(args: argparse.Namespace, flavor: Flavor) -> List[str]:
                 out += ["--mca", "oob_tcp_if_include", oob]
         if args.output_filename:
             out += ["--output-filename", args.output_filename]
+        if args.prefix_output_with_timestamp:
+            out.append("--timestamp-output")
         return out
     if ssh:
         out += ["-launcher", "ssh", "-launcher-exec", " ".join(["ssh"] + ssh)]
@@ -118,6 +186,9 @@ def launcher_args(args: argparse.Namespace, flavor: Flavor) -> List[str]:
     if args.output_filename:
         raise ValueError("--output-filename: MPICH and Intel MPI have no such option; pass "
                          "theirs through --mpi-args (e.g. -outfile-pattern)")
+    if args.prefix_output_with_timestamp:
+        raise ValueError("--prefix-output-with-timestamp: MPICH and Intel MPI have no such "
+                         "option; pass theirs through --mpi-args (e.g. -prepend-rank)")
     return out
 
 

@@ -378,7 +378,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
                         help="number of ranks (required)")
     parser.add_argument("-H", "--hosts", metavar="HOSTS", help="host list, e.g. node1:4,node2:4")
-    parser.add_argument("--hostfile", metavar="FILE", help="host file in your MPI's own format")
+    parser.add_argument("-hostfile", "--hostfile", metavar="FILE",
+                        help="host file in your MPI's own format")
     parser.add_argument("--mpi-args", default="", metavar="ARGS",
                         help='extra launcher arguments, one shell-quoted string; '
                              'write --mpi-args="--flag" when it is a single flag')
@@ -393,9 +394,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--elastic", action="store_true",
                         help="survive dead ranks: run MPI with ULFM (Open MPI 5 --with-ft "
                              "ulfm) so that hvdlike.elastic.run goes on with the survivors")
-    parser.add_argument("--min-np", type=int, metavar="N",
+    parser.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
                         help="elastic: stop when fewer than N ranks are left (implies --elastic)")
-    parser.add_argument("--max-np", type=int, metavar="N",
+    parser.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
                         help="elastic: start new ranks in place of dead ones, up to N (at most "
                              "-np; implies --elastic)")
     parser.add_argument("--restarts", type=int, default=0, metavar="K",
@@ -457,7 +458,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               "allocation")
         cmd, env = build_command(
             args.np, program, hosts=args.hosts, hostfile=args.hostfile,
-            mpi_args=args.mpi_args, launcher=args.launcher,
+            mpi_args=" ".join(a for a in (args.mpi_args, args.binding_args) if a),
+            launcher=args.launcher,
             env={**os.environ, **settings, **bind_shim.preload_env(os.environ)},
             mpirun=args.mpirun,
             flavor_args=flavor_args if (elastic or horovod_flags.launcher_options_given(args))
