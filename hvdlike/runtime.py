@@ -67,7 +67,9 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     """Start hvdlike on every rank. Idempotent.
 
     comm: an mpi4py communicator to run on (default ``MPI.COMM_WORLD``; it is duplicated so
-    hvdlike's traffic never mixes with yours). Without mpirun this is a world of size 1.
+    hvdlike's traffic never mixes with yours), or, as in Horovod, a list of ranks of
+    ``MPI.COMM_WORLD`` to run on, in that order (every world rank calls ``init`` with the same
+    list; a rank not in it gets ValueError). Without mpirun this is a world of size 1.
     process_sets: ProcessSet objects to register now (same list on every rank).
     abort_on_exception: if True (default, or HVDLIKE_ABORT_ON_EXCEPTION), an uncaught exception
     on any rank calls MPI_Abort so the other ranks stop instead of hanging.
@@ -82,6 +84,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     joined = _join_parents(MPI) if comm is None else None
     if comm is None:
         comm = MPI.COMM_WORLD if joined is None else joined
+    elif isinstance(comm, (list, tuple, range)):
+        comm = joined = _comm_of_ranks(MPI, list(comm))
     world = comm.Dup()
     if joined is not None:
         joined.Free()
@@ -226,6 +230,31 @@ def single_copy_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
     if layout == "node":
         return CrossMemoryAllreduce.create(comm)
     return CrossMemoryAllreduce.create(st.local_comm, across=st.cross_comm)
+
+
+def _comm_of_ranks(MPI: Any, ranks: List[Any]) -> Any:
+    """Horovod's ``init(comm=[ranks])``: a communicator of those ranks of ``MPI.COMM_WORLD``,
+    ranked in the list's order. Collective over the world; ValueError on every rank when the
+    ranks give different lists or a bad one, and on the ranks that are not in it."""
+    world = MPI.COMM_WORLD
+    me, size = world.Get_rank(), world.Get_size()
+    lists = world.allgather(ranks)
+    if any(other != ranks for other in lists):
+        differ = [r for r, other in enumerate(lists) if other != lists[0]]
+        raise ValueError(f"hvdlike.init(comm=[ranks]): the ranks passed different lists (rank 0: "
+                         f"{lists[0]}, rank {differ[0]}: {lists[differ[0]]}); pass the same "
+                         "list on every rank")
+    if (not ranks or len(set(ranks)) != len(ranks)
+            or not all(type(r) is int and 0 <= r < size for r in ranks)):
+        raise ValueError(f"hvdlike.init(comm={ranks}): give distinct ranks of MPI_COMM_WORLD, "
+                         f"whole numbers from 0 to {size - 1}")
+    member = me in ranks
+    sub = world.Split(0 if member else MPI.UNDEFINED, ranks.index(me) if member else 0)
+    if not member:
+        raise ValueError(f"hvdlike.init(comm={ranks}): rank {me} of MPI_COMM_WORLD is not in "
+                         "the list: hvdlike runs on those ranks only (catch this error on the "
+                         "others)")
+    return sub
 
 
 def _install_abort_hook(st: _State) -> None:

@@ -176,6 +176,27 @@ def test_a_horovod_job_script_keeps_its_settings_and_hears_once_about_conflicts(
             "effect: did you mean HVDLIKE_CYCLE_TIME?") in job.output
 
 
+def test_init_on_a_list_of_ranks_runs_on_those_ranks_in_that_order():
+    """Horovod's hvd.init(comm=[2, 0, 1]) at np=4: world ranks 2, 0, 1 become ranks 0, 1, 2
+    of a 3-rank hvdlike; world rank 3 is told it is not in the list."""
+    results = run_mpi(4, "runtime_cases:init_on_listed_ranks", timeout=90,
+                      lists={r: [2, 0, 1] for r in range(4)})
+    for world_rank, rank in ((2, 0), (0, 1), (1, 2)):
+        assert results[world_rank] == {"rank": rank, "size": 3, "sum": [3.0],
+                                       "gathered": [2, 0, 1]}
+    assert "rank 3 of MPI_COMM_WORLD is not in the list" in results[3]["error"]
+
+
+@pytest.mark.parametrize("lists,says", [
+    ({0: [0, 0], 1: [0, 0]}, "give distinct ranks of MPI_COMM_WORLD, whole numbers from 0 to 1"),
+    ({0: [0, 2], 1: [0, 2]}, "give distinct ranks of MPI_COMM_WORLD, whole numbers from 0 to 1"),
+    ({0: [0, 1], 1: [1, 0]}, "the ranks passed different lists (rank 0: [0, 1], rank 1: [1, 0])"),
+])
+def test_a_bad_list_of_ranks_is_an_error_on_every_rank(lists, says):
+    results = run_mpi(2, "runtime_cases:init_on_listed_ranks", timeout=90, lists=lists)
+    assert [says in r.get("error", "") for r in results] == [True, True], results
+
+
 def test_alltoall_returns_the_pair_only_when_splits_are_given():
     for rank, r in enumerate(run_mpi(2, "runtime_cases:alltoall_return_forms", timeout=60)):
         want = [100 * k + 2 * rank + j for k in range(2) for j in range(2)]

@@ -175,3 +175,22 @@ def failed_init_leaves_nothing_behind() -> Dict[str, Any]:
     out["sum"] = hvd.allreduce(np.ones(1), op=hvd.Sum).tolist()
     out["sets"] = len(hvd.process_sets._registry)
     return out
+
+
+def init_on_listed_ranks(lists: Dict[int, Any]) -> Dict[str, Any]:
+    """Horovod's ``init(comm=[ranks])``, ``lists[world rank]`` on each rank; then the world
+    again (the harness needs it)."""
+    from mpi4py import MPI
+    me = MPI.COMM_WORLD.Get_rank()
+    hvd.shutdown()
+    try:
+        hvd.init(comm=lists[me])
+    except ValueError as e:
+        out: Dict[str, Any] = {"error": str(e)}
+    else:
+        out = {"rank": hvd.rank(), "size": hvd.size(),
+               "sum": hvd.allreduce(np.array([float(me)]), op=hvd.Sum, name="w").tolist(),
+               "gathered": hvd.allgather(np.array([me])).tolist()}
+        hvd.shutdown()
+    hvd.init()
+    return out
