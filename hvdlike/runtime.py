@@ -8,6 +8,7 @@ import atexit
 import dataclasses
 import functools
 import importlib.util
+import numbers
 import os
 import sys
 import time
@@ -238,6 +239,8 @@ def _comm_of_ranks(MPI: Any, ranks: List[Any]) -> Any:
     ranks give different lists or a bad one, and on the ranks that are not in it."""
     world = MPI.COMM_WORLD
     me, size = world.Get_rank(), world.Get_size()
+    ranks = [int(r) if isinstance(r, numbers.Integral) and not isinstance(r, bool) else r
+             for r in ranks]  # NumPy integers too, as Horovod takes them
     lists = world.allgather(ranks)
     if any(other != ranks for other in lists):
         differ = [r for r, other in enumerate(lists) if other != lists[0]]

@@ -3,6 +3,7 @@ import importlib.util
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from hvdlike.transport import open_mpi_defaults
@@ -180,7 +181,7 @@ def test_init_on_a_list_of_ranks_runs_on_those_ranks_in_that_order():
     """Horovod's hvd.init(comm=[2, 0, 1]) at np=4: world ranks 2, 0, 1 become ranks 0, 1, 2
     of a 3-rank hvdlike; world rank 3 is told it is not in the list."""
     results = run_mpi(4, "runtime_cases:init_on_listed_ranks", timeout=90,
-                      lists={r: [2, 0, 1] for r in range(4)})
+                      lists={r: list(np.array([2, 0, 1])) for r in range(4)})  # NumPy ints
     for world_rank, rank in ((2, 0), (0, 1), (1, 2)):
         assert results[world_rank] == {"rank": rank, "size": 3, "sum": [3.0],
                                        "gathered": [2, 0, 1]}
@@ -191,6 +192,7 @@ def test_init_on_a_list_of_ranks_runs_on_those_ranks_in_that_order():
     ({0: [0, 0], 1: [0, 0]}, "give distinct ranks of MPI_COMM_WORLD, whole numbers from 0 to 1"),
     ({0: [0, 2], 1: [0, 2]}, "give distinct ranks of MPI_COMM_WORLD, whole numbers from 0 to 1"),
     ({0: [0, 1], 1: [1, 0]}, "the ranks passed different lists (rank 0: [0, 1], rank 1: [1, 0])"),
+    ({0: [0, True], 1: [0, True]}, "give distinct ranks of MPI_COMM_WORLD"),
 ])
 def test_a_bad_list_of_ranks_is_an_error_on_every_rank(lists, says):
     results = run_mpi(2, "runtime_cases:init_on_listed_ranks", timeout=90, lists=lists)
