@@ -241,8 +241,8 @@ def _comm_of_ranks(MPI: Any, ranks: List[Any]) -> Any:
     me, size = world.Get_rank(), world.Get_size()
     ranks = [int(r) if isinstance(r, numbers.Integral) and not isinstance(r, bool) else r
              for r in ranks]  # NumPy integers too, as Horovod takes them
-    lists = world.allgather(ranks)
-    if any(other != ranks for other in lists):
+    lists = [repr(other) for other in world.allgather(ranks)]  # repr: True and 1 differ
+    if any(other != lists[0] for other in lists):
         differ = [r for r, other in enumerate(lists) if other != lists[0]]
         raise ValueError(f"hvdlike.init(comm=[ranks]): the ranks passed different lists (rank 0: "
                          f"{lists[0]}, rank {differ[0]}: {lists[differ[0]]}); pass the same "

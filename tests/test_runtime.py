@@ -193,6 +193,7 @@ def test_init_on_a_list_of_ranks_runs_on_those_ranks_in_that_order():
     ({0: [0, 2], 1: [0, 2]}, "give distinct ranks of MPI_COMM_WORLD, whole numbers from 0 to 1"),
     ({0: [0, 1], 1: [1, 0]}, "the ranks passed different lists (rank 0: [0, 1], rank 1: [1, 0])"),
     ({0: [0, True], 1: [0, True]}, "give distinct ranks of MPI_COMM_WORLD"),
+    ({0: [0, True], 1: [0, 1]}, "the ranks passed different lists (rank 0: [0, True], rank 1"),
 ])
 def test_a_bad_list_of_ranks_is_an_error_on_every_rank(lists, says):
     results = run_mpi(2, "runtime_cases:init_on_listed_ranks", timeout=90, lists=lists)
