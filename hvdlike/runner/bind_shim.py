@@ -13,50 +13,29 @@ changes nothing.
 ``mpirun -x LD_PRELOAD=$(python -m hvdlike.runner.bind_shim) ...``.
 """
 import ctypes
-import hashlib
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Dict, Mapping, Optional
+
+from .. import native
 
 VARIABLE = "HVDLIKE_TF_BIND"
 SOURCE = Path(__file__).with_name("bind_shim.c")
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hvdlike"
-
-
 def library() -> Optional[str]:
     """The shim's shared library, built on first use; None where it cannot be (not Linux,
     no C compiler, the build failed, or no writable cache directory)."""
-    if not sys.platform.startswith("linux") or not SOURCE.is_file():
+    if not SOURCE.is_file():
         return None
-    source = SOURCE.read_bytes()
-    name = f"bind_shim-{hashlib.sha256(source).hexdigest()[:12]}.so"
-    for directory in (_cache_dir(), Path(tempfile.gettempdir()) / f"hvdlike-{os.getuid()}"):
-        target = directory / name
-        if target.is_file():
-            return str(target)
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if compiler is None:
-            return None
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=directory) as scratch:
-                built = Path(scratch) / name
-                subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(built),
-                                str(SOURCE), "-ldl"], check=True, capture_output=True,
-                               timeout=60)
-                os.replace(built, target)  # atomic: ranks or jobs racing here all see a whole file
-            return str(target)
-        except (OSError, subprocess.SubprocessError):
-            continue
-    return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    try:
+        return native.build(SOURCE, "bind_shim", lambda source, out: [
+            compiler, "-O2", "-shared", "-fPIC", "-o", out, source, "-ldl"], timeout=60)
+    except native.BuildError:
+        return None
 
 
 def preload_env(env: Mapping[str, str]) -> Dict[str, str]:

@@ -1,0 +1,71 @@
+"""Shared libraries hvdlike builds from its own sources on first use.
+
+Built once per source (the file name carries a hash of the source and of the build command)
+into ``~/.cache/hvdlike`` (``$XDG_CACHE_HOME/hvdlike``), or a directory in ``/tmp`` where
+that is not writable. Ranks of one job that need it at once wait for one build (a file lock)
+instead of each compiling.
+"""
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, List
+
+
+class BuildError(RuntimeError):
+    """The library could not be built here (the reason is the message)."""
+
+
+def cache_dir() -> Path:
+    """The per-user directory hvdlike builds into."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hvdlike"
+
+
+def build(source: Path, stem: str, command: Callable[[str, str], List[str]],
+          timeout: float = 300.0) -> str:
+    """Path of the shared library built from ``source`` by ``command(source, output)``,
+    building it on first use; raises :class:`BuildError` saying why it cannot be built."""
+    if not sys.platform.startswith("linux"):
+        raise BuildError(f"hvdlike builds its native parts on Linux only, not {sys.platform}")
+    probe = command(str(source), "OUT")
+    digest = hashlib.sha256(source.read_bytes() + "\0".join(probe).encode()).hexdigest()[:12]
+    name = f"{stem}-{digest}.so"
+    reasons = []
+    for directory in (cache_dir(), Path(tempfile.gettempdir()) / f"hvdlike-{os.getuid()}"):
+        target = directory / name
+        if target.is_file():
+            return str(target)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with open(directory / f"{name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # another rank may be building it
+                if not target.is_file():
+                    _compile(command, source, directory, target, timeout)
+            return str(target)
+        except BuildError:
+            raise
+        except OSError as exc:
+            reasons.append(f"{directory}: {exc}")
+    raise BuildError("no writable directory to build in (" + "; ".join(reasons) + ")")
+
+
+def _compile(command: Callable[[str, str], List[str]], source: Path, directory: Path,
+             target: Path, timeout: float) -> None:
+    with tempfile.TemporaryDirectory(dir=directory) as scratch:
+        built = Path(scratch) / target.name
+        argv = command(str(source), str(built))
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except FileNotFoundError:
+            raise BuildError(f"no compiler {argv[0]!r} (install one, or set $CC / $CXX)")
+        except subprocess.TimeoutExpired:
+            raise BuildError(f"compiling {source.name} took over {timeout:.0f} s")
+        if done.returncode != 0:
+            errors = [line for line in done.stderr.splitlines() if "error" in line]
+            raise BuildError(f"compiling {source.name} failed ({' '.join(argv[:1])}): "
+                             + ("\n".join(errors[:5]) or done.stderr[-2000:]))
+        os.replace(built, target)  # atomic: other jobs see a whole file or none
