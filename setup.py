@@ -10,7 +10,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.9",
     packages=find_packages(include=["hvdlike", "hvdlike.*"]),
-    package_data={"hvdlike.runner": ["bind_shim.c"]},  # built on first use (bind_shim.py)
+    # C and C++ sources built on first use (hvdlike/native.py)
+    package_data={"hvdlike.runner": ["bind_shim.c"], "hvdlike.tensorflow": ["wait_kernel.cc"]},
     install_requires=[
         "numpy>=1.23",
         "ml_dtypes>=0.3",

@@ -1,6 +1,6 @@
 """Handles returned by the ``*_async`` collectives (the blocking forms wait on one too)."""
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 _SLEEPERS = threading.Lock()  # orders completing a handle against a thread going to sleep on it
 
@@ -10,7 +10,7 @@ class Handle:
     and returns what the blocking form of the collective would have returned (or raises its
     error, the same on every rank)."""
 
-    __slots__ = ("_engine", "_event", "_result", "_error", "_done", "_finish")
+    __slots__ = ("_engine", "_event", "_result", "_error", "_done", "_finish", "_callbacks")
 
     def __init__(self, engine: Any) -> None:
         self._engine = engine
@@ -21,15 +21,31 @@ class Handle:
         # applied once to the result by synchronize(), on the caller's thread (GPU arrays:
         # stream ordering and the caller's kind of array)
         self._finish: Optional[Callable[[Any], Any]] = None
+        self._callbacks: Optional[List[Callable[[], None]]] = None  # add_done_callback's
 
     def _complete(self, result: Any, error: Optional[BaseException]) -> None:
         self._result, self._error = result, error
         with _SLEEPERS:
             self._done = True
-            event = self._event
+            event, callbacks = self._event, self._callbacks
+            self._callbacks = None
         self._engine = None
         if event is not None:
             event.set()
+        for callback in callbacks or ():
+            callback()
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the handle is complete: at once if it is, otherwise on
+        the thread that completes it (the engine's: keep it short, and never wait there for
+        another request)."""
+        with _SLEEPERS:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def _sleep(self, timeout: float) -> None:
         """Sleep until the handle completes or ``timeout`` seconds pass."""

@@ -12,6 +12,7 @@
 | HVDLIKE_CYCLE_TIME | 1 | milliseconds between the engine's rounds while some rank waits for others (ten times that when all are idle) |
 | HVDLIKE_CACHE_CAPACITY | 1024 | requests (name + metadata) the engine remembers, so that a repeated one is negotiated with one bit; 0: none, every request is negotiated in full (as Horovod's 0) |
 | HVDLIKE_OVERLAP | 1 | in a compiled train step, each gradient goes to the engine as soon as backprop has computed it (0: all of them together after the backward pass) |
+| HVDLIKE_TF_WAIT_KERNEL | 1 | in a tf.compat.v1 graph, each collective waits in an asynchronous TensorFlow op that holds no thread (built with the C++ compiler on first use); 0: in a `tf.numpy_function` that holds an inter-op thread while it waits |
 | HVDLIKE_TIMELINE | (unset) | write each rank's timeline (Chrome trace JSON) to this path, with `.rank<r>` before the extension |
 | HVDLIKE_TIMELINE_MARK_CYCLES | 0 | mark every engine round that ran something in the timeline |
 | HVDLIKE_ABORT_ON_EXCEPTION | 1 | an uncaught exception on any rank aborts the whole job |
@@ -70,6 +71,7 @@ KNOWN_NAMES = frozenset({
     "HVDLIKE_FUSION_THRESHOLD", "HVDLIKE_SHM_THRESHOLD", "HVDLIKE_SHM_BUFFER", "HVDLIKE_CMA",
     "HVDLIKE_CMA_THRESHOLD", "HVDLIKE_HIERARCHICAL_ALLREDUCE", "HVDLIKE_HIERARCHICAL_ALLGATHER",
     "HVDLIKE_CYCLE_TIME", "HVDLIKE_CACHE_CAPACITY", "HVDLIKE_OVERLAP", "HVDLIKE_TIMELINE",
+    "HVDLIKE_TF_WAIT_KERNEL",
     "HVDLIKE_TIMELINE_MARK_CYCLES", "HVDLIKE_ABORT_ON_EXCEPTION",
     "HVDLIKE_STALL_CHECK_TIME_SECONDS", "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
     "HVDLIKE_STALL_CHECK_DISABLE", "HVDLIKE_LOG_LEVEL", "HVDLIKE_GPU_TRANSPORT",
@@ -133,6 +135,7 @@ class Settings:
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
     overlap: bool = True
+    tf_wait_kernel: bool = True
     timeline: Optional[str] = None
     timeline_mark_cycles: bool = False
     abort_on_exception: bool = True
@@ -171,6 +174,7 @@ class Settings:
             cycle_time_ms=_float(env, "HVDLIKE_CYCLE_TIME", cls.cycle_time_ms),
             cache_capacity=_int(env, "HVDLIKE_CACHE_CAPACITY", cls.cache_capacity),
             overlap=_bool(env, "HVDLIKE_OVERLAP", cls.overlap),
+            tf_wait_kernel=_bool(env, "HVDLIKE_TF_WAIT_KERNEL", cls.tf_wait_kernel),
             timeline=env.get("HVDLIKE_TIMELINE") or None,
             timeline_mark_cycles=_bool(env, "HVDLIKE_TIMELINE_MARK_CYCLES",
                                        cls.timeline_mark_cycles),

@@ -29,7 +29,7 @@ def _fused_broadcast(root_rank, process_set):
                     out[i] = flat[off:off + n].reshape(arrays[i].shape)
                     off += n
             return out
-        return wait
+        return _ops._Wait([handle for _, handle in pending], wait)
     return submit
 
 

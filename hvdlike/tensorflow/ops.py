@@ -3,18 +3,18 @@
 Every collective has ONE implementation: a function on NumPy arrays that submits a request
 to the hvdlike engine and returns how to wait for it.  Eager mode calls it and waits at once;
 in a graph (``tf.function``, as Keras ``fit`` compiles its train step, or a v1 graph) it is
-a submit op and a wait op, both ``tf.numpy_function`` (see :func:`_run`).  Shapes are set
-statically on the graph outputs wherever they are known.
+a submit op and a wait op (see :func:`_run`).  Shapes are set statically on the graph
+outputs wherever they are known.
 
 Requests pair across ranks by name (an explicit ``name=``, or in a graph the op's name;
 unnamed eager calls pair in call order), in whatever order each rank runs them; a name
 with mismatched metadata (dtype, shape, op, root, splits) raises
 ``tf.errors.FailedPreconditionError`` on every rank, as Horovod does (the message names the
 ranks and their values; the NumPy API raises ``hvdlike.CollectiveMismatchError``). In a
-graph, TensorFlow reports that error, raised inside a Python function op, as ``UnknownError``;
-its message keeps ours, prefixed ``FailedPreconditionError``. A bad value on any rank raises
+``tf.function``, TensorFlow reports that error, raised inside a Python function op, as
+``UnknownError``; its message keeps ours, prefixed ``FailedPreconditionError``. A bad value on any rank raises
 ``tf.errors.InvalidArgumentError`` on every rank (:class:`CollectiveInputError`), eager and
-in a graph.
+in a graph.  A v1 graph's wait ops (the ``HvdlikeWait`` kernel) keep both classes.
 """
 import itertools
 from typing import Any, List, Optional, Sequence, Tuple, Union
@@ -24,12 +24,13 @@ import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import process_sets as _process_sets
+from hvdlike import runtime as _runtime
 from hvdlike import timeline as _timeline
 from hvdlike import Average, Sum, Min, Max, Product, ReduceOp, global_process_set  # noqa: F401
 from hvdlike.reduce_ops import as_reduce_op
 from hvdlike import ProcessSet
 
-from hvdlike.tensorflow import compat, devices
+from hvdlike.tensorflow import compat, devices, wait_kernel
 from hvdlike.tensorflow.compression import Compression
 
 _SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
@@ -90,7 +91,7 @@ def _ps_rank(process_set):
     return process_set.rank()
 
 
-_PENDING = {}  # key -> wait function of a request submitted by a graph op
+_PENDING = {}  # key -> wait function (_Wait) of a request submitted by a graph op
 _KEYS = itertools.count()
 
 
@@ -170,17 +171,32 @@ def _submit_op(what, submit, inputs):
 def _wait_op(what, keys, out_dtypes, out_shapes):
     """Graph: one stateless op that waits for the requests behind ``keys`` and returns their
     outputs, in order.  Not chained to anything: ranks that build independent collectives in
-    different orders submit all of them before any wait blocks."""
-    def _wait_fn(*ks):
-        outs = [o for k in ks for o in _outputs(_PENDING.pop(int(k)))]
-        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, out_dtypes)]
+    different orders submit all of them before any wait blocks.  In a tf.compat.v1 graph
+    (its ``tf.cond`` branches included) it is the asynchronous ``HvdlikeWait`` kernel
+    (:mod:`.wait_kernel`), which holds no TensorFlow thread while it waits; in a
+    ``tf.function`` (whose submits run in program order) and where that kernel is missing,
+    a ``tf.numpy_function``."""
+    name = _op_base_name(what) + "Wait"
+    kernel = None
+    if not tf.compat.v1.executing_eagerly_outside_functions() and _wait_kernel_enabled():
+        kernel = wait_kernel.get(_PENDING.pop, _outputs)
+    if kernel is not None:
+        outs = kernel.op(keys, out_dtypes, name)
+    else:
+        def _wait_fn(*ks):
+            outs = [o for k in ks for o in _outputs(_PENDING.pop(int(k)))]
+            return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, out_dtypes)]
 
-    outs = tf.numpy_function(_wait_fn, list(keys), list(out_dtypes), stateful=False,
-                             name=_op_base_name(what) + "Wait")
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        outs = tf.numpy_function(_wait_fn, list(keys), list(out_dtypes), stateful=False,
+                                 name=name)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     for o, s in zip(outs, out_shapes):
         o.set_shape(s)
     return outs
+
+
+def _wait_kernel_enabled():
+    return _runtime.state("hvdlike.tensorflow collectives").settings.tf_wait_kernel
 
 
 def allreduce_submit(tensor: tf.Tensor, op: Any, prescale_factor: float, postscale_factor: float,
@@ -197,19 +213,32 @@ def allreduce_wait(keys: Sequence[tf.Tensor], like: Sequence[tf.Tensor]) -> List
     return _wait_op("allreduce", keys, [t.dtype for t in like], [t.shape for t in like])
 
 
+class _Wait:
+    """A submitted request's wait function: ``handles``, the engine requests it waits for,
+    and calling it waits for them and returns the outputs (a list)."""
+
+    __slots__ = ("handles", "outputs")
+
+    def __init__(self, handles, outputs):
+        self.handles, self.outputs = handles, outputs
+
+    def __call__(self):
+        return self.outputs()
+
+
 def _done(*outs):
     """A submit's wait function for outputs that are already there."""
-    return lambda: list(outs)
+    return _Wait([], lambda: list(outs))
 
 
 def _one(handle):
     """A submit's wait function for a handle whose result is one array."""
-    return lambda: [handle.synchronize()]
+    return _Wait([handle], lambda: [handle.synchronize()])
 
 
 def _many(handle):
     """A submit's wait function for a handle whose result is a list or tuple of arrays."""
-    return lambda: list(handle.synchronize())
+    return _Wait([handle], lambda: list(handle.synchronize()))
 
 
 def _normalize_op(op, average, what):
@@ -481,7 +510,7 @@ def _alltoall_raw(tensor, splits, name, process_set):
         def wait():
             out, received = handle.synchronize()
             return [out, np.asarray(received, dtype=np.int64)]
-        return wait
+        return _Wait([handle], wait)
     shape = tensor.shape
     out_shape = (tf.TensorShape([None] + shape.as_list()[1:]) if shape.rank
                  else tf.TensorShape(None))
