@@ -822,6 +822,15 @@ def test_binding_args_replace_the_default_binding(openmpi):
     assert "--bind-to core --map-by socket python train.py" in " ".join(words)
 
 
+def test_binding_args_under_srun_are_refused_with_srun_s_way(fake_srun_path):
+    env = {"PATH": fake_srun_path, "SLURM_JOB_ID": "42"}
+    with pytest.raises(LaunchError, match="mpirun's binding options; srun binds with its own"):
+        build_command(2, ["python"], env=env, flavor="openmpi", binding_args="--bind-to core")
+    argv, _ = build_command(2, ["python"], env={"PATH": fake_srun_path}, flavor="openmpi",
+                            mpirun="mpirun", binding_args="--bind-to core")
+    assert argv[-3:] == ["--bind-to", "core", "python"] and "none" not in argv
+
+
 def test_output_lines_are_stamped_with_prefix_output_with_timestamp(openmpi):
     done = run_launcher("-np", "2", "--prefix-output-with-timestamp", sys.executable, "-c",
                         "print('LINE', flush=True)")

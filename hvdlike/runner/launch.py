@@ -189,6 +189,7 @@ def build_command(
     mpirun: Optional[str] = None,
     flavor: Optional[Union[Flavor, str]] = None,
     flavor_args: Optional[Callable[[Flavor], List[str]]] = None,
+    binding_args: str = "",
 ) -> Tuple[List[str], Dict[str, str]]:
     """Return ``(argv, env)`` that run ``program`` as ``np`` MPI ranks; runs nothing but ``--version``.
 
@@ -201,7 +202,8 @@ def build_command(
     mpirun: the MPI launcher to use (default: found by ``find_mpirun``).
     flavor: ``Flavor`` or ``"openmpi"|"mpich"|"intel"`` (default: from ``<mpirun> --version``).
     flavor_args: given the MPI's flavor, more launcher arguments (mpirun only, e.g. the
-    options horovodrun's flags map to).
+    options horovodrun's flags map to). binding_args: mpirun's process binding options
+    (horovodrun's ``--binding-args``), in place of ``--bind-to none``; an error with srun.
 
     The returned env is a new dict: ``env`` plus what the job needs (Open MPI as root:
     ``OMPI_ALLOW_RUN_AS_ROOT{,_CONFIRM}=1``; Open MPI: ``OMPI_MCA_osc=^ucx`` unless set; a
@@ -224,6 +226,7 @@ def build_command(
     if launcher not in LAUNCHERS:
         raise LaunchError(f"--launcher must be one of {', '.join(LAUNCHERS)} (got {launcher!r})")
     extra = shlex.split(mpi_args) if isinstance(mpi_args, str) else list(mpi_args)
+    binding = shlex.split(binding_args)
     child_env = dict(os.environ if env is None else env)
     search_path = child_env.get("PATH", os.defpath)
     flavor = _as_flavor(flavor) if flavor is not None else None
@@ -238,6 +241,10 @@ def build_command(
                               "srun takes them from Slurm (or use --launcher mpirun)")
         if hosts or hostfile:
             raise LaunchError("srun takes its hosts from the Slurm allocation: drop -H/--hostfile "
+                              "or use --launcher mpirun")
+        if binding:
+            raise LaunchError(f"--binding-args {binding_args!r} are mpirun's binding options; "
+                              "srun binds with its own (e.g. --mpi-args '--cpu-bind=cores'), "
                               "or use --launcher mpirun")
         if srun is None:
             raise LaunchError("--launcher srun given but no srun on PATH; load Slurm or use "
@@ -274,7 +281,7 @@ def build_command(
             child_env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
             child_env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
         child_env.setdefault("OMPI_MCA_osc", "^ucx")
-        args = _openmpi_args(np, hosts, hostfile, extra, child_env)
+        args = _openmpi_args(np, hosts, hostfile, extra + binding, child_env)
     else:
         args = _hydra_args(flavor, np, hosts, hostfile)
     if flavor_args is not None:
@@ -286,7 +293,7 @@ def build_command(
         # All ranks share this machine: without this, every rank's BLAS/OpenMP pool takes
         # every core and the ranks slow each other down many times over.
         child_env["OMP_NUM_THREADS"] = str(max(1, local_cores() // np))
-    return [mpirun] + args + extra + program, child_env
+    return [mpirun] + args + extra + binding + program, child_env
 
 
 def format_command(argv: Sequence[str], env: Mapping[str, str],
@@ -458,7 +465,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               "allocation")
         cmd, env = build_command(
             args.np, program, hosts=args.hosts, hostfile=args.hostfile,
-            mpi_args=" ".join(a for a in (args.mpi_args, args.binding_args) if a),
+            mpi_args=args.mpi_args or "", binding_args=args.binding_args or "",
             launcher=args.launcher,
             env={**os.environ, **settings, **bind_shim.preload_env(os.environ)},
             mpirun=args.mpirun,
