@@ -2,6 +2,8 @@
 import threading
 from typing import Any, Callable, List, Optional
 
+from .log import logger
+
 _SLEEPERS = threading.Lock()  # orders completing a handle against a thread going to sleep on it
 
 
@@ -33,7 +35,10 @@ class Handle:
         if event is not None:
             event.set()
         for callback in callbacks or ():
-            callback()
+            try:
+                callback()
+            except Exception:  # the completing thread (the engine's) must go on
+                logger.exception("hvdlike: a handle's done callback raised")
 
     def add_done_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once the handle is complete: at once if it is, otherwise on

@@ -46,8 +46,6 @@ def build(source: Path, stem: str, command: Callable[[str, str], List[str]],
                 if not target.is_file():
                     _compile(command, source, directory, target, timeout)
             return str(target)
-        except BuildError:
-            raise
         except OSError as exc:
             reasons.append(f"{directory}: {exc}")
     raise BuildError("no writable directory to build in (" + "; ".join(reasons) + ")")

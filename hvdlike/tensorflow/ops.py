@@ -12,9 +12,10 @@ with mismatched metadata (dtype, shape, op, root, splits) raises
 ``tf.errors.FailedPreconditionError`` on every rank, as Horovod does (the message names the
 ranks and their values; the NumPy API raises ``hvdlike.CollectiveMismatchError``). In a
 ``tf.function``, TensorFlow reports that error, raised inside a Python function op, as
-``UnknownError``; its message keeps ours, prefixed ``FailedPreconditionError``. A bad value on any rank raises
-``tf.errors.InvalidArgumentError`` on every rank (:class:`CollectiveInputError`), eager and
-in a graph.  A v1 graph's wait ops (the ``HvdlikeWait`` kernel) keep both classes.
+``UnknownError``; its message keeps ours, prefixed ``FailedPreconditionError``. A bad value
+on any rank raises ``tf.errors.InvalidArgumentError`` on every rank
+(:class:`CollectiveInputError`), eager and in a graph.  A v1 graph's wait ops (the
+``HvdlikeWait`` kernel) keep both classes.
 """
 import itertools
 from typing import Any, List, Optional, Sequence, Tuple, Union
