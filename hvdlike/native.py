@@ -64,6 +64,6 @@ def _compile(command: Callable[[str, str], List[str]], source: Path, directory: 
             raise BuildError(f"compiling {source.name} took over {timeout:.0f} s")
         if done.returncode != 0:
             errors = [line for line in done.stderr.splitlines() if "error" in line]
-            raise BuildError(f"compiling {source.name} failed ({' '.join(argv[:1])}): "
+            raise BuildError(f"compiling {source.name} failed ({argv[0]}): "
                              + ("\n".join(errors[:5]) or done.stderr[-2000:]))
         os.replace(built, target)  # atomic: other jobs see a whole file or none
