@@ -32,4 +32,5 @@ from hvdlike.tensorflow.tf_config_emulation import tf_config, export_tf_config  
 from hvdlike.tensorflow.strategy import MPIStrategy, MPICrossDeviceOps  # noqa: F401
 from hvdlike.tensorflow.parameter_server import ParameterServerTraining  # noqa: F401
 
-from hvdlike.tensorflow import elastic, mpi_ops  # noqa: F401,E402
+from hvdlike.tensorflow import elastic, mpi_ops, util  # noqa: F401,E402
+from hvdlike.tensorflow.util import _executing_eagerly  # noqa: F401,E402

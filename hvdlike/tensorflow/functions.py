@@ -43,30 +43,39 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
     broadcast per dtype.  Works eagerly and inside ``tf.function``; returns ``None``
     in TF2 and the grouped assign op in a TF1 graph.
     """
-    variables = list(variables)
+    assigns = _broadcast_assigns(list(variables), root_rank, process_set)
+    if not assigns or tf.compat.v1.executing_eagerly_outside_functions():
+        return None  # eager, or inside tf.function (automatic control dependencies)
+    return tf.group(*[a for a in assigns if a is not None])
+
+
+def _broadcast_assigns(variables, root_rank, process_set):
+    """Assign ``root_rank``'s values to ``variables``; the assign ops' results (ref and
+    resource variables alike)."""
     if not variables:
-        return None
+        return []
     for v in variables:
-        if tf.as_dtype(v.dtype) not in _ops._SUPPORTED_DTYPES:
+        dtype = tf.as_dtype(v.dtype).base_dtype  # a TF1 RefVariable's dtype is e.g. float32_ref
+        if dtype not in _ops._SUPPORTED_DTYPES:
             raise TypeError(f"hvdlike.tensorflow.broadcast_variables: variable "
-                            f"{getattr(v, 'name', '?')!r} has dtype {tf.as_dtype(v.dtype).name},"
+                            f"{getattr(v, 'name', '?')!r} has dtype {dtype.name},"
                             " which cannot be broadcast; use broadcast_object for it.")
     values = [tf.convert_to_tensor(v) for v in variables]
     outs = _ops._run("broadcast_variables", _fused_broadcast(root_rank, process_set),
                      values, [t.dtype for t in values], [t.shape for t in values])
-    assigns = [v.assign(o) for v, o in zip(variables, outs)]
-    if tf.compat.v1.executing_eagerly_outside_functions():
-        return None  # eager, or inside tf.function (automatic control dependencies)
-    return tf.group(*[a for a in assigns if a is not None])
+    return [v.assign(o) for v, o in zip(variables, outs)]
 
 
 def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = None,
                process_set: _core.ProcessSet = _core.global_process_set) -> List[Any]:
     """Horovod's in-place broadcast: assign ``root_rank``'s values to ``variables`` (see
-    :func:`broadcast_variables`) and return them."""
+    :func:`broadcast_variables`) and return them; in a ``tf.compat.v1`` graph, return the
+    assign ops' results, which broadcast and assign when run."""
     variables = list(variables)
-    broadcast_variables(variables, root_rank, process_set=process_set)
-    return variables
+    if tf.compat.v1.executing_eagerly_outside_functions():
+        broadcast_variables(variables, root_rank, process_set=process_set)
+        return variables
+    return _broadcast_assigns(variables, root_rank, process_set)  # TF1 graph: run these
 
 
 def broadcast_global_variables(root_rank: int) -> Any:

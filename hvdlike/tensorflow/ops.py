@@ -304,9 +304,10 @@ def _allreduce_sparse(slices, op, prescale_factor, postscale_factor, compression
                       process_set):
     """Reduce tf.IndexedSlices by gathering values and indices from every rank."""
     if op not in (Average, Sum):
-        raise ValueError("hvdlike.tensorflow.allreduce: tf.IndexedSlices support only "
-                         f"op=Average or op=Sum (got {ReduceOp(op).name}); pass "
-                         "sparse_as_dense=True to reduce them as dense tensors.")
+        raise NotImplementedError(
+            "hvdlike.tensorflow.allreduce: tf.IndexedSlices support only op=Average or op=Sum "
+            f"(got {ReduceOp(op).name}); pass sparse_as_dense=True to reduce them as dense "
+            "tensors.")
     values, ctx = compression.compress(slices.values)
     scale = prescale_factor * postscale_factor
     if op == Average:
@@ -316,6 +317,9 @@ def _allreduce_sparse(slices, op, prescale_factor, postscale_factor, compression
     indices = allgather(slices.indices, name=None if name is None else name + "/indices",
                         process_set=process_set)
     values = compression.decompress(values, ctx)
+    if values.dtype.is_integer and (op == Average or scale != 1.0):
+        # As in Horovod (true division): averaged or scaled integer values become floating.
+        values = tf.cast(values, tf.float32 if values.dtype.size <= 2 else tf.float64)
     if scale != 1.0:
         values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
@@ -333,7 +337,7 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     (Average by default, or Sum/Min/Max/Product/Adasum); every rank gets back the reduced
     tensor (same dtype and static shape).  ``tf.IndexedSlices`` are reduced by
     allgathering values and indices (Average divides the values by the number of
-    ranks) unless ``sparse_as_dense=True``.  Works eagerly and inside ``tf.function``;
+    ranks, integers becoming floating as in Horovod) unless ``sparse_as_dense=True``.  Works eagerly and inside ``tf.function``;
     the gradient is the allreduce of the incoming gradient with the same op.
     ``device_dense``/``device_sparse``/``ignore_name_scope`` are accepted for Horovod
     compatibility and ignored.
@@ -584,8 +588,8 @@ def _grouped_reducescatter_with_grad(tensors, op, prescale_factor, postscale_fac
                    for d, y in zip(dys, ys)]
             gs = _allgather_raw(dys, None if name is None else name + "/grad", process_set)
             scale = prescale_factor * postscale_factor
-            if op == Average:
-                scale = scale / _ps_size(process_set)
+            if op == Sum:  # Horovod's rule: Sum's gradient is the allgather times the set size
+                scale = scale * _ps_size(process_set)
             return [g if scale == 1.0 else g * tf.cast(scale, g.dtype) for g in gs]
         return ys, grad
 

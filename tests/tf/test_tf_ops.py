@@ -16,6 +16,7 @@ CHECKS = [
     "bad_alltoall_splits_raise_invalid_argument_on_every_rank",
     "reducescatter_static_shape_values_and_gradient",
     "indexed_slices_allgather_and_sparse_as_dense",
+    "indexed_slices_follow_horovods_rules",
     "compression_fp16_and_bf16_roundtrip",
     "rank_size_ops_barrier_join",
     "string_tensor_is_rejected_with_clear_error",

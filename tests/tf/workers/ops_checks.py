@@ -207,8 +207,8 @@ def _():
     with tf.GradientTape() as tape:
         tape.watch(x)
         loss = tf.reduce_sum(hvd.reducescatter(x, op=hvd.Average) * float(r + 1))
-    g = tape.gradient(loss, x)
-    expect = np.concatenate([np.full((sizes[k], 2), (k + 1) / n, np.float32) for k in range(n)])
+    g = tape.gradient(loss, x)  # Horovod's rule: Average's gradient is the allgather
+    expect = np.concatenate([np.full((sizes[k], 2), k + 1, np.float32) for k in range(n)])
     assert_close(g, expect)
     gs = hvd.grouped_reducescatter([x, x * 2], op=hvd.Sum)
     assert_close(gs[1], 2 * np.sum(xs, axis=0)[off:off + sizes[r]])
@@ -226,6 +226,35 @@ def _():
     d = hvd.allreduce(s, op=hvd.Sum, sparse_as_dense=True)
     assert isinstance(d, tf.Tensor)
     assert_close(d, expect * n)
+
+
+@check("indexed_slices_follow_horovods_rules")
+def _():
+    """Averaged integer slices become floating (true division); ops other than Average and
+    Sum raise NotImplementedError (Horovod's test_horovod_*allreduce*_indexed_slices_*)."""
+    for dtype, want in ((tf.uint8, tf.float32), (tf.int8, tf.float32), (tf.int32, tf.float64),
+                        (tf.int64, tf.float64), (tf.float16, tf.float16)):
+        s = tf.IndexedSlices(tf.ones([2, 3], dtype) * (r + 1), tf.constant([r, r + 1]))
+        for y in (hvd.allreduce(s, op=hvd.Average),
+                  hvd.grouped_allreduce([s, tf.ones([2], dtype)], op=hvd.Average)[0]):
+            assert y.values.dtype == want, (dtype.name, y.values.dtype.name)
+            dense = tf.math.unsorted_segment_sum(tf.cast(y.values, tf.float64), y.indices, n + 1)
+            expect = np.zeros((n + 1, 3))
+            for k in range(n):
+                expect[k:k + 2] += (k + 1) / n
+            assert_close(dense, expect, rtol=1e-3, msg=dtype.name)
+        summed = hvd.allreduce(s, op=hvd.Sum)
+        assert summed.values.dtype == dtype, (dtype.name, summed.values.dtype.name)
+    dense_int = hvd.grouped_allreduce([s, tf.constant([2 * r + 1], tf.int32)], op=hvd.Average)[1]
+    assert dense_int.dtype == tf.int32 and int(dense_int[0]) == n  # dense: the dtype is kept
+    for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Adasum):
+        for call in (lambda: hvd.allreduce(s, op=op), lambda: hvd.grouped_allreduce([s], op=op)):
+            try:
+                call()
+            except NotImplementedError as e:
+                assert "sparse_as_dense=True" in str(e), e
+            else:
+                raise AssertionError(f"IndexedSlices with {op} must raise NotImplementedError")
 
 
 @check("compression_fp16_and_bf16_roundtrip")
@@ -442,6 +471,23 @@ def _():
                 assert_close(g, np.full([5] * dim, 1.0 if r == root else 0.0, dtype),
                              msg=f"broadcast {mode} root {root}")
 
+            for op, times in ((hvd.Sum, n), (hvd.Average, 1)):
+                def reducescatter_case(tape=None, op=op):  # Horovod's test_*reducescatter_grad
+                    x = _watched(np.full([n * 4] + tail, r, dtype), tape)
+                    return [hvd.reducescatter(x, op=op)], [tf.ones([4] + tail, dtype)], [x]
+                (g,) = _grads(reducescatter_case, mode)
+                assert_close(g, np.full([n * 4] + tail, times, dtype),
+                             msg=f"reducescatter {op} {mode} {dim}")
+
+        def grouped_scatter_case(tape=None):
+            xs = [_watched(np.full([n * 2, 3], r, np.float32), tape),
+                  _watched(np.full([n], r, np.float64), tape)]
+            outs = hvd.grouped_reducescatter(xs, op=hvd.Sum)
+            return outs, [tf.ones_like(o) * (r + 1) for o in outs], xs
+        for g, shape in zip(_grads(grouped_scatter_case, mode), ([n * 2, 3], [n])):
+            rows = np.repeat(np.arange(1, n + 1), shape[0] // n).reshape([-1] + [1] * (len(shape) - 1))
+            assert_close(g, n * np.broadcast_to(rows, shape), msg=f"grouped_reducescatter {mode}")
+
         def grouped_case(tape=None):
             xs = [_watched(np.full([sizes[r], 3], r, np.float32), tape),
                   _watched(np.full([sizes[r]], r, np.float64), tape)]
@@ -524,6 +570,21 @@ def _():
     v = [tf.Variable(np.full(3, r, np.float32)), tf.Variable([r], dtype=tf.int64)]
     out = hvd.broadcast_(v, root_rank=n - 1)
     assert out[0] is v[0] and v[0].numpy().tolist() == [n - 1] * 3 and int(v[1][0]) == n - 1
+    import hvdlike.tensorflow.util
+    assert hvd._executing_eagerly() and hvd.util._executing_eagerly()
+    assert hvd.util is hvdlike.tensorflow.util
+    with tf.Graph().as_default() as graph:  # Horovod's test_horovod_broadcast_inplace_cpu
+        assert not hvd._executing_eagerly()
+        tf1 = [tf.compat.v1.Variable(np.full(3, r, np.uint8), use_resource=False),
+               tf.compat.v1.Variable(np.full(2, r, np.float32), use_resource=True)]
+        assert tf1[0].dtype == tf.uint8._as_ref
+        outs = hvd.broadcast_(tf1, root_rank=n - 1)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            assert sess.run(tf1[0]).tolist() == [r] * 3  # nothing runs before the ops do
+            got = sess.run(outs)
+            assert [g.tolist() for g in got] == [[n - 1] * 3, [n - 1] * 2], got
+            assert [x.tolist() for x in sess.run(tf1)] == [[n - 1] * 3, [n - 1] * 2]
     assert hvd.broadcast_object_fn(root_rank=0)({"r": r}) == {"r": 0}
 
     # local layers: their gradients are this rank's own, divided by the size (Horovod's rule)
