@@ -6,7 +6,7 @@ dtype travels as bytes.
 Importing this module initializes MPI, so only ``runtime.init`` imports it.
 """
 import os
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -24,6 +24,30 @@ _MPI_OPS = {
     ReduceOp.MAX: MPI.MAX,
     ReduceOp.PRODUCT: MPI.PROD,
 }
+
+# Open MPI 5's AVX reduction component adds 8- and 16-bit integers with saturation (uint8
+# 200 + 200 = 255, open-mpi/ompi#8045) where NumPy, TensorFlow and the shared-memory transport
+# wrap around (144). Their sums go through an operation of ours that adds with NumPy instead.
+_SMALL_INTS = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16))
+_wrapping_sums: Dict[np.dtype, MPI.Op] = {}
+
+
+def mpi_op(op: ReduceOp, dtype: np.dtype) -> MPI.Op:
+    """The MPI operation that reduces ``dtype`` values with ``op`` (the sum of small integers
+    wraps around, as in NumPy)."""
+    if (op == ReduceOp.SUM or op == ReduceOp.AVERAGE) and np.dtype(dtype) in _SMALL_INTS:
+        return _wrapping_sum(np.dtype(dtype))
+    return _MPI_OPS[op]
+
+
+def _wrapping_sum(dtype: np.dtype) -> MPI.Op:
+    found = _wrapping_sums.get(dtype)
+    if found is None:
+        def add(inbuf: Any, inoutbuf: Any, _datatype: Any) -> None:
+            into = np.frombuffer(inoutbuf, dtype)
+            np.add(into, np.frombuffer(inbuf, dtype), out=into)
+        found = _wrapping_sums[dtype] = MPI.Op.Create(add, commute=True)
+    return found
 
 
 def as_bytes(a: np.ndarray) -> np.ndarray:
@@ -63,7 +87,7 @@ def allreduce(comm: MPI.Comm, send: Optional[np.ndarray], recv: np.ndarray,
         return
     sendbuf = MPI.IN_PLACE if send is None else send
     if op != ReduceOp.MIN and op != ReduceOp.MAX:
-        comm.Allreduce(sendbuf, recv, _MPI_OPS[op])
+        comm.Allreduce(sendbuf, recv, mpi_op(op, recv.dtype))
         return
     nan = _local_nans(comm, recv if send is None else send, op)
     comm.Allreduce(sendbuf, recv, _MPI_OPS[op])
@@ -177,11 +201,11 @@ def reduce_scatter(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: n
             for piece in _pieces(n):
                 m = min(MAX_COUNT, n - piece)
                 block = send[at + piece:at + piece + m]
-                comm.Reduce(block, recv[piece:piece + m] if r == me else None, _MPI_OPS[op],
-                            root=r)
+                comm.Reduce(block, recv[piece:piece + m] if r == me else None,
+                            mpi_op(op, send.dtype), root=r)
         return
     nan = _local_nans(comm, send, op)
-    comm.Reduce_scatter(send, recv, counts, _MPI_OPS[op])
+    comm.Reduce_scatter(send, recv, counts, mpi_op(op, send.dtype))
     if nan is not None:
         mine = np.empty(recv.size, np.uint8)
         comm.Reduce_scatter(nan, mine, counts, MPI.MAX)

@@ -58,6 +58,10 @@ def cases() -> List[Case]:
     out += [Case("allreduce_scaled_random", d, op) for d in ("float16", "bfloat16", "int32",
                                                             "uint16")
             for op in ("Sum", "Average")]
+    # sums past the range of 8- and 16-bit integers wrap around, as in NumPy (Open MPI's AVX
+    # reduction component saturates them: uint8 200 + 200 = 255)
+    out += [Case(c, d, op) for c in ("allreduce_wrapping", "reducescatter_wrapping")
+            for d in ("int8", "uint8", "int16", "uint16") for op in ("Sum", "Average")]
     return out
 
 
@@ -75,6 +79,13 @@ def _values(dtype_name: str, shape: tuple, seed: int) -> np.ndarray:
         return rng.integers(0, 2, shape).astype(bool)
     low = 0 if dtype.kind == "u" else -3
     return rng.integers(low, 4, shape).astype(dtype)
+
+
+def _large(dtype_name: str, shape: tuple, seed: int) -> np.ndarray:
+    """Integers in the upper half of the dtype's range: sums over two ranks overflow."""
+    info = np.iinfo(np.dtype(dtype_name))
+    return np.random.default_rng(seed).integers(info.max // 2, info.max, shape, endpoint=True,
+                                                dtype=np.dtype(dtype_name))
 
 
 def _fine(dtype_name: str, step: int, shape: tuple, seed: int) -> np.ndarray:
@@ -100,6 +111,10 @@ def splits_for(rank: int, size: int) -> List[int]:
 
 def inputs(case: Case, rank: int, size: int) -> Any:
     base = case.collective.replace("_async", "")
+    if base == "allreduce_wrapping":  # enough elements for the vectorised reduction loops
+        return _large(case.dtype, (8, 16), _seed(case, rank))
+    if base == "reducescatter_wrapping":
+        return _large(case.dtype, (2 * size + 1, 16), _seed(case, rank))
     if base in ("allreduce", "allreduce_scaled"):
         return _values(case.dtype, (3, 4), _seed(case, rank))
     if base == "allreduce_scaled_random":
@@ -148,7 +163,7 @@ def run_case(case: Case, process_set: Any) -> Any:
         call_args = (x,)
         if op is not None:
             kw["op"] = op
-    fn = getattr(hvd, case.collective)
+    fn = getattr(hvd, case.collective.replace("_wrapping", ""))
     result = fn(*call_args, **kw)
     return result.synchronize() if asynchronous else result
 
