@@ -7,7 +7,10 @@ submitted; a run of more independent collectives than threads could stall. The
 and returns; once the requests behind them are complete (``Handle.add_done_callback``) the
 thread ``hvdlike-tf-wait`` copies their outputs into the op's and finishes it, errors
 with their TensorFlow status (``FailedPreconditionError`` when ranks disagree,
-``InvalidArgumentError`` for bad input).
+``InvalidArgumentError`` for bad input). A step cancelled meanwhile (a ``session.run``
+timeout, a closed session) ends its wait ops at once with ``CancelledError`` (the session
+reports ``DeadlineExceededError`` for a timeout); their requests stay with the engine and
+their results are dropped.
 
 Built on first use with the C++ compiler (``$CXX``, ``c++`` or ``g++``) against the
 installed TensorFlow (about 15 s, once per TensorFlow version; see ``hvdlike.native``).
@@ -107,6 +110,8 @@ class WaitKernel:
                     a = np.require(np.asarray(out, dtype=dtype), requirements="C")  # 0-d stays 0-d
                     dims = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
                     code = self._output(waiter, i, a.ndim, dims, a.ctypes.data, a.nbytes)
+                    if code == 1:  # the step was cancelled meanwhile: results dropped
+                        break
                     if code:
                         raise RuntimeError(f"hvdlike: TensorFlow took no output {i} of shape "
                                            f"{a.shape} from its wait op (code {code})")

@@ -1,7 +1,8 @@
 """The asynchronous wait kernel of tf.compat.v1 graphs (hvdlike/tensorflow/wait_kernel.cc):
 sessions with one inter-op thread run more independent collectives than threads, started in
 another order on each rank, with the right results on every rank; errors keep their
-TensorFlow classes; without a compiler the numpy_function wait ops remain."""
+TensorFlow classes; a run's timeout ends a wait; without a compiler the numpy_function wait ops
+remain."""
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ CHECKS = [
     "named_collectives_built_in_rank_dependent_order_on_one_thread",
     "two_distributed_optimizers_with_backward_passes_in_one_run_on_one_thread",
     "disagreements_and_bad_input_keep_their_tensorflow_error_classes",
+    "a_run_timeout_ends_a_wait_that_other_ranks_have_not_joined",
 ]
 WORLDS = {"np1_without_mpirun": (1, False), "np2": (2, True), "np4": (4, True)}
 # a stall (the failure these checks look for) ends the job instead of waiting for the timeout

@@ -90,5 +90,29 @@ def _():
         assert_close(sess.run(fine), np.full(2, n, np.float32))  # the session goes on
 
 
+@check("a_run_timeout_ends_a_wait_that_other_ranks_have_not_joined")
+def _():
+    if n == 1:
+        return
+    with tf.Graph().as_default() as graph:
+        late = hvd.allreduce(tf.constant(x_of(r, 3)), op=hvd.Sum, name="late")
+        barrier = hvd.barrier()
+    want = np.sum([x_of(k, 3) for k in range(n)], axis=0)
+    with v1.Session(graph=graph, config=ONE_THREAD) as sess:
+        if r == 0:  # alone: the run's timeout cancels the step, whose wait op ends at once
+            try:
+                sess.run(late, options=v1.RunOptions(timeout_in_ms=1000))
+            except tf.errors.DeadlineExceededError:
+                pass
+            else:
+                raise AssertionError("no DeadlineExceededError")
+        sess.run(barrier)
+        if r != 0:  # rank 0's request is still with its engine: these runs complete with it
+            assert_close(sess.run(late), want)
+        sess.run(barrier)
+        for _ in range(2):  # the session goes on
+            assert_close(sess.run(late), want)
+
+
 close()
 print(f"V1_WAIT_CHECKS_DONE rank={hvd.rank()} failed={FAILED}", flush=True)
