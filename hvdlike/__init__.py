@@ -57,6 +57,7 @@ from .runtime import (
     rank,
     rocm_built,
     shutdown,
+    sycl_built,
     size,
 )
 

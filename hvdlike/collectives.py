@@ -17,7 +17,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import adasum, checks, dtypes, gpu, runtime
+from . import adasum, checks, dtypes, gpu, process_sets, runtime
 from .checks import Request
 from .handles import Handle
 from .process_sets import ProcessSet, global_process_set
@@ -73,7 +73,8 @@ def _engine(process_set: ProcessSet, kind: str) -> Any:
         st = runtime.state(f"hvdlike.{kind}()")
     if process_set._comm is None:
         what = f"hvdlike.{kind}()"
-        if process_set.process_set_id is None:
+        known = process_sets.registered(process_set.process_set_id)
+        if known is not process_set:  # never added, removed, or an id set by hand
             raise ValueError(f"{what}: {process_set} is not registered; call "
                              "hvdlike.add_process_set(...) on every rank first")
         raise ValueError(f"{what}: rank {st.rank} is not a member of {process_set}; only its "

@@ -62,6 +62,11 @@ global_process_set = ProcessSet(())
 _registry: Dict[int, ProcessSet] = {}
 
 
+def registered(process_set_id: Optional[int]) -> Optional[ProcessSet]:
+    """The registered process set with this id, or None."""
+    return _registry.get(process_set_id) if process_set_id is not None else None
+
+
 def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet:
     """Register a process set. Collective: every world rank calls it with the same ranks.
 

@@ -545,6 +545,11 @@ def rocm_built() -> bool:
     return False
 
 
+def sycl_built() -> bool:
+    """Always False: hvdlike has no SYCL (Intel GPU) path."""
+    return False
+
+
 def gloo_enabled() -> bool:
     """Always False: hvdlike runs on MPI only."""
     return False

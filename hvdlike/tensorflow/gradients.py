@@ -226,6 +226,8 @@ class GradientReducer:
 
     def _reduce(self, grads, variables=None):
         grads = list(grads)
+        if not self.process_set.included():
+            return grads  # as in Horovod: a rank outside the set keeps its own gradients
         if self.process_set.size() == 1:
             return self._reduce_single_rank(grads)
         op, pre, post = self._scales()

@@ -9,7 +9,7 @@ from hvdlike.tensorflow import (  # noqa: F401
     init, shutdown, is_initialized, start_timeline, stop_timeline, size, local_size,
     cross_size, rank, local_rank, cross_rank, is_homogeneous, mpi_threads_supported,
     mpi_enabled, mpi_built, gloo_enabled, gloo_built, nccl_built, ddl_built, ccl_built,
-    cuda_built, rocm_built, Average, Sum, Adasum, Min, Max, Product, ProcessSet,
+    cuda_built, rocm_built, sycl_built, Average, Sum, Adasum, Min, Max, Product, ProcessSet,
     global_process_set, add_process_set, remove_process_set, allgather, grouped_allgather,
     broadcast, broadcast_, alltoall, reducescatter, grouped_reducescatter, join, barrier,
     size_op, local_size_op, rank_op, local_rank_op, process_set_included_op,

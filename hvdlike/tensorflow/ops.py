@@ -114,8 +114,9 @@ class CollectiveInputError(tf.errors.InvalidArgumentError, ValueError):
 def _outputs(wait):
     """Call a submit's wait function. A disagreement between ranks becomes
     ``tf.errors.FailedPreconditionError`` (in a graph TensorFlow wraps it in UnknownError);
-    bad input (a ``ValueError`` on every rank) becomes :class:`CollectiveInputError` (in a
-    graph TensorFlow turns it into ``InvalidArgumentError`` itself)."""
+    bad input (a ``ValueError`` on every rank) or a process set this rank cannot use becomes
+    :class:`CollectiveInputError` (in a graph TensorFlow turns it into
+    ``InvalidArgumentError`` itself), as in Horovod."""
     try:
         return wait()
     except _core.CollectiveMismatchError as exc:
@@ -139,7 +140,8 @@ def _run(what, submit, inputs, out_dtypes, out_shapes):
     Graph: a submit op and a wait op (:func:`_submit_op`, :func:`_wait_op`).
     """
     if tf.executing_eagerly():
-        outs = _outputs(submit(None, *[devices.to_core(t) for t in inputs]))
+        arrays = [devices.to_core(t) for t in inputs]
+        outs = _outputs(lambda: submit(None, *arrays)())  # errors at submit converted too
         return [devices.from_core(o, d) for o, d in zip(outs, out_dtypes)]
     return _wait_op(what, [_submit_op(what, submit, inputs)], out_dtypes, out_shapes)
 

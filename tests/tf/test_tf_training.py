@@ -29,6 +29,7 @@ CHECKS = [
     "mixed_precision_loss_scale_inside_outside_and_compile_wrapped",
     "shard_dataset_data_and_file_policies",
     "sync_batch_norm_equals_one_process_on_the_global_batch",
+    "process_set_gradients_are_averaged_in_the_set_and_others_keep_their_own",
 ]
 
 # the checks whose gradients go through DistributedOptimizer / DistributedGradientTape

@@ -122,12 +122,21 @@ def _():
     assert seen["ok"] >= 10 and seen["error"] >= 5, seen
 
 
+def _by_hand(process_set_id):
+    """Horovod's test_horovod_allreduce_process_set_id_error: an id no rank registered."""
+    ps = hvd.ProcessSet([0])
+    ps.process_set_id = process_set_id
+    return ps
+
+
 @check("unpicklable_object_and_bad_process_sets_raise_on_every_rank")
 def _():
     for what, fn, text in [
         ("unpicklable", lambda: hvd.broadcast_object(lambda: None, root_rank=0),
          "cannot be pickled"),
         ("unregistered", lambda: hvd.allreduce(tf.ones([2]), process_set=hvd.ProcessSet([0])),
+         "is not registered"),
+        ("id set by hand", lambda: hvd.allreduce(tf.ones([2]), process_set=_by_hand(10)),
          "is not registered"),
     ]:
         try:
@@ -146,6 +155,16 @@ def _():
         except (ValueError, tf.errors.OpError) as e:
             outcome = "error" if "is not registered" in str(e) else str(e)
         assert hvdlike.allgather_object(outcome) == ["error"] * n, ("removed", outcome)
+    if n > 1:  # a rank outside a set: tf.errors.InvalidArgumentError, as in Horovod
+        ps = hvd.add_process_set([0])
+        outcome = "member" if r == 0 else "no error"
+        if r != 0:
+            try:
+                hvd.allreduce(tf.ones([2]), process_set=ps)
+            except tf.errors.InvalidArgumentError as e:
+                outcome = "member" if f"rank {r} is not a member" in str(e) else str(e)
+        assert hvdlike.allgather_object(outcome) == ["member"] * n, ("outside", outcome)
+        hvd.remove_process_set(ps)
 
 
 close()

@@ -341,15 +341,15 @@ def _():
     refused = {
         "predivide": (lambda: hvdk.DistributedOptimizer(
             keras.optimizers.SGD(0.1), op=hvd.Adasum, gradient_predivide_factor=2.0),
-            "only supported with op=Average"),
+            ValueError, "only supported with op=Average"),
         "sparse": (lambda: hvd.allreduce(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]),
                                                           tf.constant([3, 2])), op=hvd.Adasum),
-                   "sparse_as_dense=True"),
+                   NotImplementedError, "sparse_as_dense=True"),  # Horovod's class
     }
-    for what, (call, words) in refused.items():
+    for what, (call, error, words) in refused.items():
         try:
             call()
-        except ValueError as e:
+        except error as e:
             assert words in str(e), e
         else:
             raise AssertionError(f"op=Adasum with {what} accepted")
@@ -509,5 +509,28 @@ def _():
     assert_close(tape.gradient(loss, x), ref_tape.gradient(ref_loss, xf).numpy()[start:start
                  + rows[r]], rtol=1e-3, atol=1e-4)
     assert_close(sync(x, training=False), plain(tf.constant(mine), training=False), rtol=1e-5)
+
+@check("process_set_gradients_are_averaged_in_the_set_and_others_keep_their_own")
+def _():
+    """Horovod's test_distributed_gradient_tape_process_sets: the even ranks' set averages
+    its members' gradients; a rank outside the set keeps its own (Horovod's rule)."""
+    evens = list(range(0, n, 2))
+    ps = hvd.global_process_set if n == 1 else hvd.add_process_set(evens)
+    mine = float(r + 1)
+    want = np.mean([k + 1.0 for k in evens]) if r in evens else mine
+    w = tf.Variable([1.0, 2.0])
+
+    def tape_gradient():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * mine)
+        return hvd.DistributedGradientTape(tape, process_set=ps).gradient(loss, [w])[0]
+    for fn in (tape_gradient, tf.function(tape_gradient)):
+        assert_close(fn(), [want, want])
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), process_set=ps)
+    opt.apply_gradients([(tf.constant([mine, mine]), w)])
+    assert_close(w, [1.0 - want, 2.0 - want])
+    if ps is not hvd.global_process_set:
+        hvd.remove_process_set(ps)
+
 
 close()
