@@ -339,8 +339,9 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     (Average by default, or Sum/Min/Max/Product/Adasum); every rank gets back the reduced
     tensor (same dtype and static shape).  ``tf.IndexedSlices`` are reduced by
     allgathering values and indices (Average divides the values by the number of
-    ranks, integers becoming floating as in Horovod) unless ``sparse_as_dense=True``.  Works eagerly and inside ``tf.function``;
-    the gradient is the allreduce of the incoming gradient with the same op.
+    ranks, integers becoming floating as in Horovod) unless ``sparse_as_dense=True``.
+    Works eagerly and inside ``tf.function``; the gradient is the allreduce of the incoming
+    gradient with the same op.
     ``device_dense``/``device_sparse``/``ignore_name_scope`` are accepted for Horovod
     compatibility and ignored.
     """

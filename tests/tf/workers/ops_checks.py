@@ -485,7 +485,8 @@ def _():
             outs = hvd.grouped_reducescatter(xs, op=hvd.Sum)
             return outs, [tf.ones_like(o) * (r + 1) for o in outs], xs
         for g, shape in zip(_grads(grouped_scatter_case, mode), ([n * 2, 3], [n])):
-            rows = np.repeat(np.arange(1, n + 1), shape[0] // n).reshape([-1] + [1] * (len(shape) - 1))
+            rows = np.repeat(np.arange(1, n + 1), shape[0] // n)  # rank k's block: k + 1
+            rows = rows.reshape([-1] + [1] * (len(shape) - 1))
             assert_close(g, n * np.broadcast_to(rows, shape), msg=f"grouped_reducescatter {mode}")
 
         def grouped_case(tape=None):
