@@ -45,6 +45,7 @@ from .runtime import (
     ddl_built,
     gloo_built,
     gloo_enabled,
+    gpu_available,
     init,
     is_homogeneous,
     is_initialized,

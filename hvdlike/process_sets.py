@@ -107,10 +107,11 @@ def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister a process set. Collective over the world. Returns False if it was not registered."""
+    """Unregister a process set. Collective over the world. Returns False if it was not
+    registered, or is the global set (which stays), as in Horovod."""
     st = runtime.state("hvdlike.remove_process_set()")
     if process_set.process_set_id == 0:
-        raise ValueError("the global process set cannot be removed")
+        return False
 
     def unregister() -> bool:  # runs in the engine, in the same round on every rank
         ids = st.world.allgather(process_set.process_set_id)

@@ -530,6 +530,12 @@ def cuda_built() -> bool:
     return gpu.cuda_available()
 
 
+def gpu_available(ext_base_name: str = "tensorflow", verbose: bool = False) -> bool:
+    """Horovod's ``gpu_available``: whether GPU arrays can be reduced here (``cuda_built``);
+    ``ext_base_name`` and ``verbose`` are accepted for Horovod's signature."""
+    return cuda_built()
+
+
 def ccl_built() -> bool:
     """Always False: hvdlike has no oneCCL path."""
     return False

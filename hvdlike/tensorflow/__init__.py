@@ -5,8 +5,8 @@ from hvdlike import (  # noqa: F401
     add_process_set, remove_process_set, CollectiveMismatchError, NotInitializedError,
     RanksFailedError, HostsUpdatedInterrupt, HorovodInternalError,
     mpi_enabled, mpi_built, mpi_threads_supported, gloo_enabled, gloo_built, nccl_built,
-    cuda_built, rocm_built, sycl_built, ccl_built, ddl_built, pin_gpu, is_homogeneous,
-    start_timeline, stop_timeline, exclusive_mpi,
+    cuda_built, gpu_available, rocm_built, sycl_built, ccl_built, ddl_built, pin_gpu,
+    is_homogeneous, start_timeline, stop_timeline, exclusive_mpi,
 )
 
 from hvdlike.tensorflow.compression import Compression  # noqa: F401

@@ -62,7 +62,7 @@ def _broadcast_assigns(variables, root_rank, process_set):
                             " which cannot be broadcast; use broadcast_object for it.")
     values = [tf.convert_to_tensor(v) for v in variables]
     outs = _ops._run("broadcast_variables", _fused_broadcast(root_rank, process_set),
-                     values, [t.dtype for t in values], [t.shape for t in values])
+                     values, [t.dtype for t in values], [t.shape for t in values], process_set)
     return [v.assign(o) for v, o in zip(variables, outs)]
 
 

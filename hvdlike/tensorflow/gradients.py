@@ -151,6 +151,10 @@ class GradientReducer:
         ``scale_local_gradients``, as Horovod does)."""
         self.local.add(variable_key(variable))
 
+    def is_local(self, variable: Any) -> bool:
+        """Whether ``variable``'s gradient stays local (``register_local``)."""
+        return variable_key(variable) in self.local
+
     def _local_gradient(self, g):
         if g is None or not self.scale_local_gradients:
             return g
@@ -212,7 +216,7 @@ class GradientReducer:
         registered local variables are not reduced."""
         grads = list(grads)
         if self.local and variables is not None:
-            local = {i for i, v in enumerate(variables) if variable_key(v) in self.local}
+            local = {i for i, v in enumerate(variables) if self.is_local(v)}
             if local:
                 shared = [i for i in range(len(grads)) if i not in local]
                 out = [self._local_gradient(g) if i in local else None

@@ -132,17 +132,22 @@ def _same_quiet(error, original):
     return error
 
 
-def _run(what, submit, inputs, out_dtypes, out_shapes):
+def _run(what, submit, inputs, out_dtypes, out_shapes, process_set=None):
     """Run a collective on TF tensors: ``submit(op_name, *numpy_inputs)`` hands the request
     to the engine and returns a function that waits and returns the outputs (a list).
 
     Eager: submit and wait at once (``op_name`` None: an unnamed request pairs in call order).
-    Graph: a submit op and a wait op (:func:`_submit_op`, :func:`_wait_op`).
+    Graph: a submit op and a wait op (:func:`_submit_op`, :func:`_wait_op`); a
+    ``process_set`` that is not registered raises ``ValueError`` here, as in Horovod.
     """
     if tf.executing_eagerly():
         arrays = [devices.to_core(t) for t in inputs]
         outs = _outputs(lambda: submit(None, *arrays)())  # errors at submit converted too
         return [devices.from_core(o, d) for o, d in zip(outs, out_dtypes)]
+    if process_set is not None and process_set is not global_process_set and \
+            _process_sets.registered(process_set.process_set_id) is not process_set:
+        raise ValueError(f"hvdlike.tensorflow.{what}: {process_set} is not registered; call "
+                         "hvdlike.add_process_set(...) on every rank first")
     return _wait_op(what, [_submit_op(what, submit, inputs)], out_dtypes, out_shapes)
 
 
@@ -271,7 +276,7 @@ def _allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process
         return []
     submit = _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set)
     return _run("allreduce", submit, tensors, [t.dtype for t in tensors],
-                [t.shape for t in tensors])
+                [t.shape for t in tensors], process_set)
 
 
 def _allreduce_grad_op(op, what):
@@ -412,7 +417,7 @@ def _allgather_raw(tensors, name, process_set):
         return _many(_core.grouped_allgather_async(list(arrays), name=name or op_name,
                                                    process_set=process_set))
     return _run("allgather", submit, tensors, [t.dtype for t in tensors],
-                [_gathered_shape(t.shape, process_set) for t in tensors])
+                [_gathered_shape(t.shape, process_set) for t in tensors], process_set)
 
 
 def _allgather_grad(x, dy, name, process_set):
@@ -475,7 +480,7 @@ def _broadcast_raw(tensor, root_rank, name, process_set):
     def submit(op_name, a):
         return _one(_core.broadcast_async(a, root_rank, name=name or op_name,
                                           process_set=process_set))
-    return _run("broadcast", submit, [tensor], [tensor.dtype], [tensor.shape])[0]
+    return _run("broadcast", submit, [tensor], [tensor.dtype], [tensor.shape], process_set)[0]
 
 
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
@@ -524,7 +529,7 @@ def _alltoall_raw(tensor, splits, name, process_set):
                  else tf.TensorShape(None))
     inputs = [tensor] if splits is None else [tensor, splits]
     return _run("alltoall", submit, inputs, [tensor.dtype, tf.int64],
-                [out_shape, tf.TensorShape([n])])
+                [out_shape, tf.TensorShape([n])], process_set)
 
 
 def alltoall(tensor: Any, splits: Optional[Any] = None, name: Optional[str] = None,
@@ -575,7 +580,7 @@ def _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name, pro
             return _one(_core.reducescatter_async(arrays[0], **kw))
         return _many(_core.grouped_reducescatter_async(list(arrays), **kw))
     return _run("reducescatter", submit, tensors, [t.dtype for t in tensors],
-                [_scattered_shape(t.shape, process_set) for t in tensors])
+                [_scattered_shape(t.shape, process_set) for t in tensors], process_set)
 
 
 def _grouped_reducescatter_with_grad(tensors, op, prescale_factor, postscale_factor, name,
@@ -658,7 +663,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> Any:
     def submit(_):
         _core.barrier(process_set=process_set)  # in the stateful op, as for join
         return _done(np.asarray(True))
-    return _run("barrier", submit, [], [tf.bool], [tf.TensorShape([])])[0]
+    return _run("barrier", submit, [], [tf.bool], [tf.TensorShape([])], process_set)[0]
 
 
 def timeline_step_done(variables: Sequence[Any]) -> None:

@@ -31,6 +31,15 @@ class _DistributedGradientTape(tf.GradientTape):
         reduced = self._hvd_reducer.reduce(flat_grads, flat_sources)
         return tf.nest.pack_sequence_as(grads, reduced)
 
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None):
+        """Horovod's: :meth:`gradient`'s results as two lists of ``(source, gradient)``:
+        the sources whose gradients stay local, then the others."""
+        sources = tf.nest.flatten(sources)
+        local, shared = [], []
+        for source, grad in zip(sources, self.gradient(target, sources, output_gradients)):
+            (local if self._hvd_reducer.is_local(source) else shared).append((source, grad))
+        return local, shared
+
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             device_sparse: str = "", compression: Any = Compression.none,

@@ -8,8 +8,9 @@ from hvdlike.tensorflow import (  # noqa: F401
     DistributedGradientTape, broadcast_variables, broadcast_global_variables,
     broadcast_object, allgather_object, shard_dataset, broadcast_, broadcast_object_fn,
     mpi_enabled, mpi_built, mpi_threads_supported, gloo_enabled, gloo_built, nccl_built,
-    cuda_built, rocm_built, sycl_built, ccl_built, ddl_built, is_homogeneous, start_timeline,
-    stop_timeline, pin_gpu, PartialDistributedOptimizer, PartialDistributedGradientTape,
+    cuda_built, gpu_available, rocm_built, sycl_built, ccl_built, ddl_built, is_homogeneous,
+    start_timeline, stop_timeline, pin_gpu, PartialDistributedOptimizer,
+    PartialDistributedGradientTape,
     SyncBatchNormalization,
 )
 from hvdlike.tensorflow.keras import callbacks  # noqa: F401

@@ -155,6 +155,13 @@ def _():
         except (ValueError, tf.errors.OpError) as e:
             outcome = "error" if "is not registered" in str(e) else str(e)
         assert hvdlike.allgather_object(outcome) == ["error"] * n, ("removed", outcome)
+    with tf.Graph().as_default():  # in a graph the op is refused when built, as in Horovod
+        try:
+            hvd.allreduce(tf.ones([2]), process_set=_by_hand(10))
+            outcome = "no error"
+        except ValueError as e:
+            outcome = "error" if "is not registered" in str(e) else str(e)
+    assert hvdlike.allgather_object(outcome) == ["error"] * n, ("graph", outcome)
     if n > 1:  # a rank outside a set: tf.errors.InvalidArgumentError, as in Horovod
         ps = hvd.add_process_set([0])
         outcome = "member" if r == 0 else "no error"

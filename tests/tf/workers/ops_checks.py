@@ -555,6 +555,8 @@ def _():
     from hvdlike.tensorflow import compat
     keras = compat.keras()
     assert not hvd.ccl_built() and not hvd.ddl_built() and not hvd.rocm_built()
+    assert not hvd.sycl_built() and hvd.gpu_available("tensorflow") == hvd.cuda_built()
+    assert hvd.remove_process_set(hvd.global_process_set) is False  # Horovod's answer
     single = hvd.add_process_set([0]) if n > 1 else hvd.global_process_set
     assert int(hvd.size_op(process_set_id=single.process_set_id)) == 1
     assert int(hvd.process_set_included_op(process_set_id=single.process_set_id)) == int(r == 0)
@@ -601,7 +603,7 @@ def _():
     with tf.GradientTape() as plain:
         loss = loss_fn()
     own = plain.gradient(loss, variables)
-    with tf.GradientTape() as tape:
+    with tf.GradientTape(persistent=True) as tape:
         loss = loss_fn()
     tape = hvd.PartialDistributedGradientTape(tape, local_layers=local, groups=2)
     got = tape.gradient(loss, variables)
@@ -610,6 +612,11 @@ def _():
         assert_close(g, m, rtol=1e-5)
     for g, o in zip(got[2:], own[2:]):
         assert_close(g, o.numpy() / n, rtol=1e-6)
+    local_pairs, global_pairs = tape.get_local_and_global_gradients(loss, variables)
+    assert len(local_pairs) == 2 and len(global_pairs) == 2
+    for (v, g), i in zip(local_pairs + global_pairs, (2, 3, 0, 1)):  # local layer: 2 and 3
+        assert v is variables[i], (v.name, variables[i].name)
+        assert_close(g, got[i], rtol=1e-6)
 
     opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=[local])
     before = [w.numpy() for w in variables]
