@@ -73,10 +73,7 @@ def _engine(process_set: ProcessSet, kind: str) -> Any:
         st = runtime.state(f"hvdlike.{kind}()")
     if process_set._comm is None:
         what = f"hvdlike.{kind}()"
-        known = process_sets.registered(process_set.process_set_id)
-        if known is not process_set:  # never added, removed, or an id set by hand
-            raise ValueError(f"{what}: {process_set} is not registered; call "
-                             "hvdlike.add_process_set(...) on every rank first")
+        process_sets.require_registered(process_set, what)
         raise ValueError(f"{what}: rank {st.rank} is not a member of {process_set}; only its "
                          "member ranks may call collectives on it")
     return st.engine

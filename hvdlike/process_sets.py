@@ -62,9 +62,13 @@ global_process_set = ProcessSet(())
 _registry: Dict[int, ProcessSet] = {}
 
 
-def registered(process_set_id: Optional[int]) -> Optional[ProcessSet]:
-    """The registered process set with this id, or None."""
-    return _registry.get(process_set_id) if process_set_id is not None else None
+def require_registered(process_set: ProcessSet, what: str) -> None:
+    """Raise ``ValueError`` naming ``what`` unless ``process_set`` is registered (not one
+    never added, removed, or with an id set by hand)."""
+    if process_set.process_set_id is None or \
+            _registry.get(process_set.process_set_id) is not process_set:
+        raise ValueError(f"{what}: {process_set} is not registered; call "
+                         "hvdlike.add_process_set(...) on every rank first")
 
 
 def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet:

@@ -144,10 +144,8 @@ def _run(what, submit, inputs, out_dtypes, out_shapes, process_set=None):
         arrays = [devices.to_core(t) for t in inputs]
         outs = _outputs(lambda: submit(None, *arrays)())  # errors at submit converted too
         return [devices.from_core(o, d) for o, d in zip(outs, out_dtypes)]
-    if process_set is not None and process_set is not global_process_set and \
-            _process_sets.registered(process_set.process_set_id) is not process_set:
-        raise ValueError(f"hvdlike.tensorflow.{what}: {process_set} is not registered; call "
-                         "hvdlike.add_process_set(...) on every rank first")
+    if process_set is not None and process_set is not global_process_set:
+        _process_sets.require_registered(process_set, f"hvdlike.tensorflow.{what}")
     return _wait_op(what, [_submit_op(what, submit, inputs)], out_dtypes, out_shapes)
 
 
