@@ -13,8 +13,8 @@
 | HVDLIKE_CACHE_CAPACITY | 1024 | requests (name + metadata) the engine remembers, so that a repeated one is negotiated with one bit; 0: none, every request is negotiated in full (as Horovod's 0) |
 | HVDLIKE_OVERLAP | 1 | in a compiled train step, each gradient goes to the engine as soon as backprop has computed it (0: all of them together after the backward pass) |
 | HVDLIKE_TF_WAIT_KERNEL | 1 | in a tf.compat.v1 graph, each collective waits in an asynchronous TensorFlow op that holds no thread (built with the C++ compiler on first use); 0: in a `tf.numpy_function` that holds an inter-op thread while it waits |
-| HVDLIKE_TIMELINE | (unset) | write each rank's timeline (Chrome trace JSON) to this path, with `.rank<r>` before the extension |
-| HVDLIKE_TIMELINE_MARK_CYCLES | 0 | mark every engine round that ran something in the timeline |
+| HVDLIKE_TIMELINE | (unset) | write the timeline (Chrome trace JSON): rank 0 to this path, rank r > 0 with `.rank<r>` before the extension |
+| HVDLIKE_TIMELINE_MARK_CYCLES | 0 | mark every engine round that ran something in the timeline (`CYCLE_START`) |
 | HVDLIKE_ABORT_ON_EXCEPTION | 1 | an uncaught exception on any rank aborts the whole job |
 | HVDLIKE_STALL_CHECK_TIME_SECONDS | 60 | a rank that has waited this long for a collective that other ranks have not submitted logs which ranks and which collective, once |
 | HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS | 0 | after waiting this long every rank prints that report and exits with status 1 (0: never) |

@@ -1,23 +1,29 @@
 """The timeline: a Chrome-trace / Perfetto JSON file of what the engine did with each request.
 
 ``HVDLIKE_TIMELINE=path`` (read by ``hvd.init()``) or ``hvd.start_timeline(path)`` starts it,
-``hvd.stop_timeline()`` or shutdown ends it. Each rank writes its own file, ``path`` with
-``.rank<r>`` before the extension (``timeline.json`` -> ``timeline.rank0.json``, ...): no
-traffic between ranks, and a rank that dies leaves what it had written. In the file, each
-request name is a row with its phases:
+``hvd.stop_timeline()`` or shutdown ends it. Each rank writes its own file: rank 0 writes
+``path`` itself (where Horovod's one file is), rank r > 0 writes ``path`` with ``.rank<r>``
+before the extension (``timeline.json`` -> ``timeline.rank1.json``, ...); see
+:func:`rank_file`. No traffic between ranks, and a rank that dies leaves what it had written.
+Events are written out after every engine round that made some, so the file can be read while
+training runs (a JSON array that is closed on stop). In the file, each request name is a row
+with its phases:
 
 - ``QUEUED``: submitted, until the first round that carried it;
-- ``NEGOTIATE``: that round (the exchange that tells every rank what the others have);
-- ``WAIT_FOR_RANKS``: until the round in which every rank of its set had submitted it;
+- ``NEGOTIATE_<OP>`` (``NEGOTIATE_ALLREDUCE``, ``NEGOTIATE_ALLGATHER``, ...): that round (the
+  exchange that tells every rank what the others have);
+- ``WAIT_FOR_RANKS``: until the round in which every rank of its set had submitted it; its
+  ``args`` name the ``last_ranks``, whose requests came in that round;
 - then the phases of the bucket it ran in, named after what they do (``MEMCPY_IN_FUSION_BUFFER``,
   ``SHM_ALLREDUCE`` (the shared-memory window), ``CMA_ALLREDUCE`` (single-copy) or
   ``MPI_ALLREDUCE``, ``MEMCPY_OUT_FUSION_BUFFER``, ``MPI_ALLGATHER``, ...),
   with the bucket's number, size and members in ``args``.
 
 A ``steps`` row holds ``STEP`` spans when TensorFlow drives training (see
-``hvdlike.tensorflow``): each ends when an optimizer update has run. ``scripts/timeline_summary.py``
-turns the files into a table and a PNG. Off by default; when off, the engine pays one
-attribute test per round.
+``hvdlike.tensorflow``): each ends when an optimizer update has run. With ``mark_cycles``, the
+``engine`` row has a ``CYCLE_START`` mark for every round that ran something.
+``scripts/timeline_summary.py`` turns the files into a table and a PNG. Off by default; when
+off, the engine pays one attribute test per round.
 """
 import json
 import os
@@ -33,8 +39,7 @@ class Timeline:
     wall-clock microseconds, so files of ranks on one host line up."""
 
     def __init__(self, path: str, rank: int, mark_cycles: bool = False) -> None:
-        root, ext = os.path.splitext(path)
-        self.path = f"{root}.rank{rank}{ext or '.json'}"
+        self.path = rank_file(path, rank)
         self.mark_cycles = mark_cycles
         self._rank = rank
         self.last_step_end = time.perf_counter()
@@ -87,6 +92,13 @@ class Timeline:
             self._add({"name": name, "ph": "i", "s": "t", "pid": self._rank,
                        "tid": self._row(row), "ts": self._us(at)})
 
+    def flush(self) -> None:
+        """Write the buffered events out (the engine calls this after each round)."""
+        with self._lock:
+            if self._events:
+                self._flush()
+                self._file.flush()
+
     def close(self) -> None:
         with self._lock:
             self._flush()
@@ -99,10 +111,20 @@ class Timeline:
 current: Optional[Timeline] = None  # the engine reads this once per round
 
 
+def rank_file(path: str, rank: int) -> str:
+    """The file that ``rank`` writes for the timeline ``path``: ``path`` itself on rank 0,
+    ``.rank<r>`` before the extension on the others."""
+    if rank == 0:
+        return str(path)
+    root, ext = os.path.splitext(str(path))
+    return f"{root}.rank{rank}{ext}"
+
+
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing this rank's timeline to ``file_path`` (with ``.rank<r>`` added before
-    the extension); a timeline already running is closed first. ``mark_cycles`` adds a
-    ``CYCLE`` mark for every engine round that ran something."""
+    """Start writing this rank's timeline: rank 0 to ``file_path``, rank r > 0 to
+    ``file_path`` with ``.rank<r>`` added before the extension. A timeline already running is
+    closed first. ``mark_cycles`` adds a ``CYCLE_START`` mark for every engine round that ran
+    something."""
     global current
     from . import runtime
     rank = runtime.state("hvdlike.start_timeline").rank

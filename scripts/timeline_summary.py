@@ -4,7 +4,8 @@ overlapped computation in each training step.
     HVDLIKE_TIMELINE=results/timeline/timeline.json hvdlikerun -np 2 python train.py
     python scripts/timeline_summary.py results/timeline/timeline.json
 
-Reads every rank's file (``timeline.rank<r>.json``) and writes, next to them or in ``--out``:
+Reads every rank's file (rank 0's ``timeline.json``, the others' ``timeline.rank<r>.json``)
+and writes, next to them or in ``--out``:
 ``timeline_summary.json``, ``timeline_summary.png`` and ``timeline_merged.json`` (all ranks in
 one trace, one process per rank, for chrome://tracing or ui.perfetto.dev).
 
@@ -29,13 +30,19 @@ def is_transport(name: str) -> bool:
 
 
 def load(path: str) -> Dict[int, List[Dict[str, Any]]]:
+    """rank -> its events: rank 0's file is ``path``, rank r's has ``.rank<r>`` added."""
     root, ext = os.path.splitext(path)
-    files = sorted(glob.glob(f"{glob.escape(root)}.rank*{ext or '.json'}"))
-    if not files:
-        raise SystemExit(f"no timeline files {root}.rank<r>{ext}: was HVDLIKE_TIMELINE={path}?")
+    files = {}
+    for f in glob.glob(f"{glob.escape(root)}.rank*{ext}"):
+        m = re.fullmatch(r"\.rank(\d+)" + re.escape(ext), f[len(root):])
+        if m:
+            files[int(m.group(1))] = f
+    if os.path.isfile(path):
+        files[0] = path
+    if 0 not in files:
+        raise SystemExit(f"no timeline file {path}: was HVDLIKE_TIMELINE={path}?")
     out = {}
-    for f in files:
-        rank = int(re.search(r"\.rank(\d+)", f).group(1))
+    for rank, f in sorted(files.items()):
         text = Path(f).read_text().rstrip()
         if not text.endswith("]"):  # a rank that stopped early: close the array
             text = text.rstrip(",") + "]"
@@ -88,7 +95,7 @@ def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("path", help="the HVDLIKE_TIMELINE path (without .rank<r>)")
+    p.add_argument("path", help="the HVDLIKE_TIMELINE path (rank 0's file)")
     p.add_argument("--out", help="folder for the outputs (default: the timeline's folder)")
     p.add_argument("--top", type=int, default=15, help="tensors shown in the PNG")
     p.add_argument("--no-plot", action="store_true")

@@ -1,7 +1,6 @@
 """The timeline: each rank's Chrome-trace file shows every request's phases and buckets."""
 from mpi_harness import run_mpi
 
-PHASES = ("QUEUED", "NEGOTIATE")
 
 
 def test_each_request_has_its_phases_and_bucket(tmp_path):
@@ -12,8 +11,9 @@ def test_each_request_has_its_phases_and_bucket(tmp_path):
                       path=path, delay=delay)
     for rank, rows in enumerate(results):
         assert sorted(rows) == ["ada", "g0", "g1", "g2", "gather", "grp", "late"], rows
-        for name, events in rows.items():
-            assert [e[0] for e in events[:2]] == list(PHASES), (rank, name, events)
+        for name, events in rows.items():  # Horovod's names: NEGOTIATE_ALLREDUCE, ...
+            op = "ALLGATHER" if name == "gather" else "ALLREDUCE"
+            assert [e[0] for e in events[:2]] == ["QUEUED", "NEGOTIATE_" + op], (rank, name)
         # the three async all-reduces went in one fused bucket through the MPI buffer
         for name in ("g0", "g1", "g2"):
             kinds = [e[0] for e in rows[name]]
@@ -26,8 +26,23 @@ def test_each_request_has_its_phases_and_bucket(tmp_path):
         assert "MPI_ALLGATHER" in [e[0] for e in rows["gather"]]
         assert "ADASUM" in [e[0] for e in rows["ada"]]
     # the early rank waited for the late one, and its timeline says so
+    # (announced in full the first time, by its cache bit the second), and names that rank
     waited = [e for e in results[0]["late"] if e[0] == "WAIT_FOR_RANKS"]
-    assert waited and waited[0][1] >= 0.8 * delay * 1e6, results[0]["late"]
+    assert len(waited) == 2, results[0]["late"]
+    for e in waited:
+        assert e[1] >= 0.8 * delay * 1e6 and e[2] == {"last_ranks": [1]}, waited
+
+
+def test_rank_0_writes_the_path_given_and_every_file_is_current_while_running(tmp_path):
+    path = str(tmp_path / "timeline.json")
+    results = run_mpi(2, "timeline_cases:while_running", timeout=60, path=path,
+                      env={"HOROVOD_TIMELINE": path, "HOROVOD_TIMELINE_MARK_CYCLES": "1"})
+    assert [r["file"] for r in results] == [path, str(tmp_path / "timeline.rank1.json")]
+    for r in results:
+        assert not r["closed"] and r["rows"] == ["test_allreduce"], r
+        assert {"QUEUED", "NEGOTIATE_ALLREDUCE", "CYCLE_START"} <= set(r["names"]), r
+        assert any(n.endswith("_ALLREDUCE") and n != "NEGOTIATE_ALLREDUCE"
+                   for n in r["names"]), r  # the transport's phase
 
 
 def test_one_rank_copies_each_tensor_without_a_fusion_buffer(tmp_path):

@@ -25,7 +25,7 @@ meanwhile (but see docs/multinode.md: Open MPI 5 over TCP can hang when they do)
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 import numpy as np
 
@@ -95,6 +95,7 @@ class Engine:
         self._joined_round = -1
         self._join_entry: Optional[Entry] = None
         self._round_no = 0
+        self._round_lists: Any = None  # this round's announcement lists, one per rank
         self._busy = True  # the last round had work pending somewhere
         self._productive = False
         self._stuck = False  # every rank had work pending in the last round, none ran
@@ -414,6 +415,7 @@ class Engine:
                                         time.perf_counter())
             self._stall.shut_down(self._ctrl.allgather(report), self._ctrl.Barrier)
         lists = self._ctrl.allgather(announce) if rows.announced else None
+        self._round_lists = lists
         decision = self._neg.decide(rows, lists)
         now = time.perf_counter()
         for entry in fresh:
@@ -458,16 +460,16 @@ class Engine:
         others: List[Work] = []
         served: List[Key] = []  # what this rank serves with zeros, having joined
         if tl is not None and tl.mark_cycles and responses:
-            tl.instant("engine", "CYCLE", ready)
+            tl.instant("engine", "CYCLE_START", ready)
         for response in responses:
             ps = _ps._registry.get(response.key[0])
             if ps is None or me not in ps.ranks:
                 continue
             entry = self._pending.get(response.key)
             if entry is not None:
-                self._retire(entry)
                 if tl is not None:
-                    _trace_negotiation(tl, entry, ready)
+                    _trace_negotiation(tl, entry, ready, self._last_ranks)
+                self._retire(entry)
             if response.error is not None:
                 error = raised_on_every_rank(response.error, ps.rank())
                 if entry is not None:
@@ -503,6 +505,24 @@ class Engine:
                 tl.span(_row_name(work.process_set, work.request.name or ""),
                         "MPI_" + work.request.kind.upper(), start, time.perf_counter())
         self._in_flight = []
+        if tl is not None:
+            tl.flush()
+
+    def _last_ranks(self, entry: Entry) -> List[int]:
+        """The members whose request for ``entry`` came in this round: what it waited for.
+        (Before ``entry`` is retired, while it still holds its cache position.)"""
+        rows = self._neg.last_rows
+        assert rows is not None
+        members = [r for r in _ps._registry[entry.key[0]].ranks
+                   if entry.key[0] != 0 or rows.joined[r] < 0]
+        if entry.position is not None:
+            prev = self._neg.prev_rows
+            if prev is None:
+                return members
+            return [r for r in members if not prev.bits[r] >> entry.position & 1]
+        lists = self._round_lists or ()
+        return [r for r in members
+                if r < len(lists) and any(a[0] == entry.key for a in lists[r])]
 
     def _tracer(self, tl: Any, works: List[Work]) -> Any:
         """The timeline's record of a round's all-reduce buckets (indices into ``works``)."""
@@ -672,12 +692,15 @@ def _row_name(process_set: Any, name: str) -> str:
     return name if set_id == 0 else f"{name} (process set {set_id})"
 
 
-def _trace_negotiation(tl: Any, entry: Entry, ready: float) -> None:
+def _trace_negotiation(tl: Any, entry: Entry, ready: float,
+                       last_ranks: Callable[[Entry], List[int]]) -> None:
     """The timeline phases of a request from its submission to the round that found it
-    ready on every rank."""
+    ready on every rank (Horovod's names: NEGOTIATE_ALLREDUCE, ...)."""
+    kind = entry.request.kind
     row = _row_name(entry.process_set, entry.request.name or "")
     tl.span(row, "QUEUED", entry.submitted, entry.carried)
-    tl.span(row, "NEGOTIATE", entry.carried, entry.negotiated,
-            {"kind": entry.request.kind})
+    tl.span(row, "NEGOTIATE_" + kind.replace("grouped_", "").upper(), entry.carried,
+            entry.negotiated, {"kind": kind})
     if ready > entry.negotiated:
-        tl.span(row, "WAIT_FOR_RANKS", entry.negotiated, ready)
+        tl.span(row, "WAIT_FOR_RANKS", entry.negotiated, ready,
+                {"last_ranks": last_ranks(entry)})

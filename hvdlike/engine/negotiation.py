@@ -78,6 +78,7 @@ class Negotiation:
         self._next = 0
         self._announced: Dict[Key, Dict[int, Tuple[Request, Optional[LocalError]]]] = {}
         self.last_rows: Optional[Rows] = None
+        self.prev_rows: Optional[Rows] = None  # the round before (the timeline's last ranks)
         self.row_bytes = (HEADER + self.words) * 8
         # this rank's row and everyone's: the same buffers every round (a round's exchange
         # ends within it), so that the exchange can be a persistent collective
@@ -112,6 +113,7 @@ class Negotiation:
     def parse(self, rows: np.ndarray) -> Rows:
         """The gathered rows (one per rank) as Python values."""
         raw = rows.tobytes()
+        self.prev_rows = self.last_rows
         if raw == self._row_bytes:  # every rank sent this rank's row: no need to read them
             bits, announcing, joined_round, stop, _, stalled = self._row_fields
             n, joined = self.size, joined_round >= 0

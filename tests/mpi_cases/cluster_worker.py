@@ -9,6 +9,7 @@ import numpy as np
 
 import hvdlike as hvd
 from hvdlike.testing.cluster import bytes_sent
+from hvdlike.timeline import rank_file
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -48,8 +49,7 @@ if rank in leaders:
     out["across_sum"] = hvd.allreduce(big, op=hvd.Sum, name="across",
                                       process_set=across).sum().item()
 hvd.stop_timeline()
-root, ext = os.path.splitext(os.environ["HVDLIKE_TIMELINE"])
-with open(f"{root}.rank{rank}{ext}") as f:
+with open(rank_file(os.environ["HVDLIKE_TIMELINE"], rank)) as f:
     events = json.load(f)
 rows = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
 out["transports"] = sorted({f"{rows[e['tid']].split(' (')[0]}:{e['name']}" for e in events

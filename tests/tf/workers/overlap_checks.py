@@ -13,6 +13,7 @@ import time
 from common import check, close, hvd, np, tf
 
 import keras
+from hvdlike.timeline import rank_file
 
 # TensorFlow runs a graph's ready ops on its inter-op threads; with one, the slow op would
 # hold it and nothing else could run meanwhile (training jobs have one per core)
@@ -54,8 +55,7 @@ def _():
     steps = 4
     train(steps)
     hvd.stop_timeline()
-    root, ext = os.path.splitext(os.environ["HVDLIKE_TIMELINE"])
-    with open(f"{root}.rank{r}{ext}") as f:
+    with open(rank_file(os.environ["HVDLIKE_TIMELINE"], r)) as f:
         events = json.load(f)
     rows = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
     step_spans = [e for e in events if e["name"] == "STEP"]
