@@ -34,7 +34,9 @@ from . import elastic
 from .errors import (CollectiveMismatchError, HostsUpdatedInterrupt, NotInitializedError,
                      RanksFailedError)
 from .handles import Handle, poll, synchronize
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .process_sets import (ProcessSet, add_process_set, comm_process_set_id,
+                           get_process_set_ids_and_ranks, global_process_set,
+                           remove_process_set)
 from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .timeline import start_timeline, stop_timeline
 from .runtime import (

@@ -4,18 +4,37 @@ Registering or removing a set is collective over the whole world: every rank cal
 ``add_process_set`` with the same ranks, members and non-members alike. Both run in the
 engine, in its order of requests, like any other collective.
 """
-from typing import Any, Dict, Iterable, List, Optional, Union
+import sys
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import runtime
 from .checks import Request, raised_on_every_rank
 from .errors import CollectiveMismatchError
 
 
-class ProcessSet:
-    """A set of world ranks. Pass it as ``process_set=`` to any collective once registered."""
+def _is_mpi_comm(obj: Any) -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")  # a communicator means mpi4py is imported already
+    return mpi is not None and isinstance(obj, mpi.Comm)
 
-    def __init__(self, ranks: Iterable[int]) -> None:
-        self.ranks: List[int] = sorted(int(r) for r in ranks)
+
+class ProcessSet:
+    """A set of world ranks. Pass it as ``process_set=`` to any collective once registered.
+
+    Built from a list of ranks, or, as in Horovod, from an mpi4py communicator (for
+    ``hvdlike.init(process_sets=...)`` only): its members, as ranks of hvdlike's world, are
+    known once ``init`` has registered it.
+    """
+
+    def __init__(self, ranks_or_comm: Union[Iterable[int], Any]) -> None:
+        self.mpi_comm: Any = None
+        if _is_mpi_comm(ranks_or_comm):
+            self.mpi_comm = ranks_or_comm
+            ranks_or_comm = ()
+        try:
+            self.ranks: List[int] = sorted(int(r) for r in ranks_or_comm)
+        except TypeError:
+            raise TypeError("ProcessSet takes a list of ranks or an mpi4py communicator, got "
+                            f"{type(ranks_or_comm).__name__}") from None
         if len(set(self.ranks)) != len(self.ranks):
             raise ValueError(f"process set ranks {self.ranks} contain duplicates")
         self.process_set_id: Optional[int] = None
@@ -67,8 +86,119 @@ def require_registered(process_set: ProcessSet, what: str) -> None:
     never added, removed, or with an id set by hand)."""
     if process_set.process_set_id is None or \
             _registry.get(process_set.process_set_id) is not process_set:
+        twin = next((ps for ps in _registry.values()
+                     if process_set.ranks and ps.ranks == process_set.ranks), None)
+        if twin is not None:  # init(process_sets=...) registers one object per distinct set
+            raise ValueError(f"{what}: {process_set} is not registered, but {twin} has the "
+                             "same ranks: use that one")
         raise ValueError(f"{what}: {process_set} is not registered; call "
                          "hvdlike.add_process_set(...) on every rank first")
+
+
+def _world_ranks(comm: Any, st: "runtime._State") -> Optional[List[int]]:
+    """The members of an mpi4py communicator as ranks of hvdlike's world (None for
+    ``MPI.COMM_NULL``: this rank is in no such set)."""
+    if comm == st.mpi.COMM_NULL:
+        return None
+    group, world = comm.Get_group(), st.world.Get_group()
+    try:
+        ranks = group.Translate_ranks(list(range(group.Get_size())), world)
+    finally:
+        group.Free()
+        world.Free()
+    if any(r == st.mpi.UNDEFINED for r in ranks):
+        raise ValueError(f"a process set's communicator (size {len(ranks)}) has ranks outside "
+                         f"hvdlike's world (size {st.size})")
+    return sorted(int(r) for r in ranks)
+
+
+def _ranks_error(ranks: List[int], size: int) -> Optional[str]:
+    if not ranks:
+        return "a process set needs at least one rank"
+    if ranks[0] < 0 or ranks[-1] >= size:
+        return f"process set ranks {ranks} must lie in 0..{size - 1}"
+    return None
+
+
+def register_at_init(process_sets: Sequence[Union[ProcessSet, Iterable[int]]]) -> None:
+    """``hvdlike.init(process_sets=...)``, as in Horovod: each rank's list may hold ranks or
+    communicators (a split communicator is a different set on different ranks); the distinct
+    sets among all ranks' lists are registered, position by position and rank by rank, with
+    ids 1, 2, ... Each rank's first object for a set is the registered one; a later object with
+    the same ranks, or with the world's (``global_process_set``), stays unregistered."""
+    st = runtime.state("hvdlike.init(process_sets=...)")
+    objects = [ps if isinstance(ps, ProcessSet) else ProcessSet(ps) for ps in process_sets]
+    entries: List[Tuple[bool, Optional[List[int]]]] = []  # (from a communicator?, ranks)
+    error = None
+    try:
+        for ps in objects:
+            if ps.process_set_id is not None:
+                raise ValueError(f"{ps} is already registered")
+            ranks = ps.ranks if ps.mpi_comm is None else _world_ranks(ps.mpi_comm, st)
+            error = None if ranks is None else _ranks_error(ranks, st.size)
+            if error:
+                break
+            entries.append((ps.mpi_comm is not None, ranks))
+    except ValueError as exc:
+        error = str(exc)
+
+    def register() -> None:  # runs in the engine, in the same round on every rank
+        answers = st.world.allgather((entries, error))
+        errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(answers) if e]
+        if errors:
+            raise raised_on_every_rank(ValueError(
+                "hvdlike.init(process_sets=...) failed: " + "; ".join(errors)), st.rank)
+        if len({len(e) for e, _ in answers}) != 1:
+            counts = "; ".join(f"rank {r}: {len(e)}" for r, (e, _) in enumerate(answers))
+            raise raised_on_every_rank(CollectiveMismatchError(
+                f"hvdlike.init: ranks passed different numbers of process sets ({counts})"),
+                st.rank)
+        distinct: List[List[int]] = []
+        for i in range(len(entries)):
+            column = [e[i] for e, _ in answers]
+            if not any(comm for comm, _ in column) and \
+                    any(ranks != column[0][1] for _, ranks in column):
+                listing = "; ".join(f"rank {r}: {ranks}" for r, (_, ranks) in enumerate(column))
+                raise raised_on_every_rank(CollectiveMismatchError(
+                    f"hvdlike.init: process set {i} differs between ranks ({listing}); a list "
+                    "of ranks must be the same on every rank (a communicator may differ)"),
+                    st.rank)
+            for _, ranks in column:
+                if ranks is not None and ranks not in distinct:
+                    distinct.append(ranks)
+        for ranks in distinct:
+            if any(ps.ranks == ranks for ps in _registry.values()):
+                continue
+            ps = next((p for p, (_, r) in zip(objects, entries) if r == ranks), None)
+            if ps is None:  # a set only other ranks named (another part of a split)
+                ps = ProcessSet(ranks)
+            member = st.rank in ranks
+            comm = st.world.Split(color=0 if member else st.mpi.UNDEFINED, key=st.rank)
+            ps._bind(max(_registry) + 1, ranks, comm if member else None)
+        for ps, (from_comm, ranks) in zip(objects, entries):
+            if from_comm and ranks is not None and ps.process_set_id is None:
+                ps.ranks = ranks  # a twin of a registered set: its members, for the error
+
+    _in_engine(st, register)
+
+
+def comm_process_set_id(comm: Any) -> int:
+    """The id of the registered process set whose members are those of the mpi4py
+    communicator ``comm`` (0 for one spanning the world), as Horovod's."""
+    st = runtime.state("hvdlike.comm_process_set_id()")
+    ranks = _world_ranks(comm, st)
+    for set_id, ps in sorted(_registry.items()):
+        if ps.ranks == ranks:
+            return set_id
+    raise ValueError(f"hvdlike.comm_process_set_id: no registered process set has the ranks "
+                     f"{ranks} of this communicator; pass ProcessSet(comm) to hvdlike.init or "
+                     "add_process_set(ranks) first")
+
+
+def get_process_set_ids_and_ranks() -> Dict[int, List[int]]:
+    """``{process set id: its world ranks}`` for every registered set, as Horovod's."""
+    runtime.state("hvdlike.get_process_set_ids_and_ranks()")
+    return {set_id: list(ps.ranks) for set_id, ps in sorted(_registry.items())}
 
 
 def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet:
@@ -78,13 +208,16 @@ def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet
     """
     st = runtime.state("hvdlike.add_process_set()")
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.mpi_comm is not None:
+        raise NotImplementedError(
+            "hvdlike.add_process_set: a process set built from an MPI communicator can only be "
+            "registered by hvdlike.init(process_sets=[...]), as in Horovod; build this one from "
+            "a list of ranks")
     error = None
     if ps.process_set_id is not None:
         error = f"{ps} is already registered"
-    elif not ps.ranks:
-        error = "a process set needs at least one rank"
-    elif ps.ranks[0] < 0 or ps.ranks[-1] >= st.size:
-        error = f"process set ranks {ps.ranks} must lie in 0..{st.size - 1}"
+    elif _ranks_error(ps.ranks, st.size):
+        error = _ranks_error(ps.ranks, st.size)
     else:
         for other in _registry.values():
             if other.ranks == ps.ranks:

@@ -71,7 +71,10 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     hvdlike's traffic never mixes with yours), or, as in Horovod, a list of ranks of
     ``MPI.COMM_WORLD`` to run on, in that order (every world rank calls ``init`` with the same
     list; a rank not in it gets ValueError). Without mpirun this is a world of size 1.
-    process_sets: ProcessSet objects to register now (same list on every rank).
+    process_sets: process sets to register now, as ProcessSet objects (of ranks, or of mpi4py
+    communicators, which may differ between ranks, e.g. from ``Split``) or lists of ranks. The
+    distinct sets among all ranks' lists get ids 1, 2, ... (see
+    ``process_sets.register_at_init``).
     abort_on_exception: if True (default, or HVDLIKE_ABORT_ON_EXCEPTION), an uncaught exception
     on any rank calls MPI_Abort so the other ranks stop instead of hanging.
     """
@@ -130,8 +133,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     if abort and size > 1:
         _install_abort_hook(_state)
     try:
-        for process_set in process_sets or ():
-            _ps.add_process_set(process_set)
+        if process_sets:
+            _ps.register_at_init(process_sets)
     except BaseException:  # the same error on every rank: leave nothing half-initialized
         shutdown()
         raise

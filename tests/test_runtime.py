@@ -91,6 +91,33 @@ def test_process_sets_run_collectives_on_their_members_only():
         assert (r["removed"], r["removed_again"], r["global_sum"]) == (True, False, [4])
 
 
+@pytest.mark.parametrize("np_", [2, 4])
+def test_init_registers_the_distinct_sets_of_communicators_and_lists_as_horovod(np_):
+    results = run_mpi(np_, "runtime_cases:sets_from_communicators", timeout=60)
+    evens, odds = list(range(0, np_, 2)), list(range(1, np_, 2))
+    # ids in Horovod's order: position by position, rank by rank; duplicates and the world's
+    # twins get none; [0] is new only when it is not the evens; [0, 1] (the Create_group
+    # communicator, given by ranks 0 and 1 only) is new at np=4
+    table = {"0": list(range(np_)), "1": evens, "2": odds}
+    if np_ == 4:
+        table.update({"3": [0], "4": [0, 1]})
+    for rank, r in enumerate(results):
+        mine = evens if rank % 2 == 0 else odds
+        assert r["table"] == table, r
+        first_id = 1 if rank % 2 == 0 else 2
+        second = 1 if rank % 2 else None  # range(0, n, 2): the odd ranks' first evens object
+        zero = 3 if np_ == 4 else None  # at np=2, [0] is the evens
+        last = 4 if np_ == 4 and rank < 2 else None
+        assert r["ids"] == [first_id, second, None, None, zero, last], (rank, r)
+        assert r["comm_ids"] == [0, first_id, 0]
+        assert r["split"] == (mine, mine.index(rank), len(mine), True)
+        assert r["split_sum"] == [sum(mine)]
+        assert "has the same ranks: use that one" in r["twin"]
+        assert "only be registered by hvdlike.init" in r["add_comm"]
+        assert "process set 0 differs between ranks" in r["mismatch"]
+        assert r["initialized after mismatch"] is False
+
+
 def test_join_lets_ranks_with_less_data_contribute_zeros():
     batches = [1, 3, 2, 3]
     results = run_mpi(4, "runtime_cases:join", timeout=60, batches=batches)

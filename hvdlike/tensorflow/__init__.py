@@ -2,8 +2,9 @@
 from hvdlike import (  # noqa: F401
     init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
     cross_size, ReduceOp, Average, Sum, Min, Max, Product, Adasum, ProcessSet, global_process_set,
-    add_process_set, remove_process_set, CollectiveMismatchError, NotInitializedError,
-    RanksFailedError, HostsUpdatedInterrupt, HorovodInternalError,
+    add_process_set, remove_process_set, comm_process_set_id, get_process_set_ids_and_ranks,
+    CollectiveMismatchError, NotInitializedError, RanksFailedError, HostsUpdatedInterrupt,
+    HorovodInternalError,
     mpi_enabled, mpi_built, mpi_threads_supported, gloo_enabled, gloo_built, nccl_built,
     cuda_built, gpu_available, rocm_built, sycl_built, ccl_built, ddl_built, pin_gpu,
     is_homogeneous, start_timeline, stop_timeline, exclusive_mpi,

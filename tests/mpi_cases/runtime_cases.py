@@ -194,3 +194,44 @@ def init_on_listed_ranks(lists: Dict[int, Any]) -> Dict[str, Any]:
         hvd.shutdown()
     hvd.init()
     return out
+
+
+def sets_from_communicators() -> Dict[str, Any]:
+    """Horovod's init(process_sets=[ProcessSet(comm), ...]): a split communicator (evens on
+    even ranks, odds on odd ones), copies of it and of the world, a list of ranks equal to
+    one of them, [0], and a communicator this rank is not in (COMM_NULL) for ranks 0 and 1
+    only. Then what Horovod's names report and collectives on the sets."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    me, n = world.Get_rank(), world.Get_size()
+    hvd.shutdown()
+    split = world.Split(color=me % 2, key=me)
+    low = world.Create_group(world.Get_group().Incl([0, 1]))  # COMM_NULL on ranks >= 2
+    given = [hvd.ProcessSet(split), hvd.ProcessSet(range(0, n, 2)), hvd.ProcessSet(world.Dup()),
+             hvd.ProcessSet(split.Dup()), hvd.ProcessSet([0]), hvd.ProcessSet(low)]
+    hvd.init(comm=world, process_sets=given)
+    out: Dict[str, Any] = dict(
+        table={str(k): v for k, v in hvd.get_process_set_ids_and_ranks().items()},
+        ids=[ps.process_set_id for ps in given],
+        comm_ids=[hvd.comm_process_set_id(c) for c in (world, split, world.Dup())],
+        split=(given[0].ranks, given[0].rank(), given[0].size(), given[0].included()),
+        split_sum=hvd.allreduce(np.array([me]), op=hvd.Sum, process_set=given[0]).tolist())
+    try:
+        hvd.allreduce(np.ones(1), process_set=given[3])
+    except ValueError as exc:
+        out["twin"] = str(exc)
+    try:
+        hvd.add_process_set(hvd.ProcessSet(split))
+    except NotImplementedError as exc:
+        out["add_comm"] = str(exc)
+    hvd.shutdown()
+    try:  # lists of ranks must agree; a communicator may differ
+        hvd.init(process_sets=[hvd.ProcessSet([me])])
+    except hvd.CollectiveMismatchError as exc:
+        out["mismatch"] = str(exc)
+    out["initialized after mismatch"] = hvd.is_initialized()
+    hvd.init()
+    for c in (split, low):
+        if c != MPI.COMM_NULL:
+            c.Free()
+    return out

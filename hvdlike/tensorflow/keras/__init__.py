@@ -2,8 +2,9 @@
 from hvdlike.tensorflow import (  # noqa: F401
     init, shutdown, is_initialized, rank, size, local_rank, local_size, cross_rank,
     cross_size, ReduceOp, Average, Sum, Min, Max, Product, Adasum, ProcessSet, global_process_set,
-    add_process_set, remove_process_set, CollectiveMismatchError, NotInitializedError,
-    Compression, allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast,
+    add_process_set, remove_process_set, comm_process_set_id, get_process_set_ids_and_ranks,
+    CollectiveMismatchError, NotInitializedError, Compression, allreduce, grouped_allreduce,
+    allgather, grouped_allgather, broadcast,
     alltoall, reducescatter, grouped_reducescatter, join, barrier, DistributedOptimizer,
     DistributedGradientTape, broadcast_variables, broadcast_global_variables,
     broadcast_object, allgather_object, shard_dataset, broadcast_, broadcast_object_fn,
