@@ -358,8 +358,9 @@ def _exit_soon(seconds: float = 3.0, status: int = 1, what: str = "MPI_Abort") -
 
 def shutdown() -> None:
     """Stop the engine and release hvdlike's communicators, together with the other ranks
-    (collective; also run at exit). Requests still pending fail. ``init()`` may be called
-    again after."""
+    (collective; also run at exit): returns once every rank has called it. Requests still
+    pending fail; meanwhile the other ranks' collectives that wait for this rank fail at once
+    (RuntimeError) instead of hanging. ``init()`` may be called again after."""
     global _state
     st = _state
     if st is None:

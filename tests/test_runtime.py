@@ -118,6 +118,19 @@ def test_init_registers_the_distinct_sets_of_communicators_and_lists_as_horovod(
         assert r["initialized after mismatch"] is False
 
 
+@pytest.mark.parametrize("np_", [2, 4])
+def test_a_rank_that_shuts_down_first_fails_only_what_waits_for_it(np_):
+    results = run_mpi(np_, "runtime_cases:a_rank_shuts_down_first", timeout=60)
+    assert results[-1] == {"left": True}
+    gone = np_ - 1
+    for r in results[:-1]:
+        assert r["set_sums"] == [[sum(range(gone))]] * 2
+        for name in ("cached", "fresh", "join"):
+            what = "hvdlike.join" if name == "join" else f"hvdlike.allreduce '{name}'"
+            assert r[name].startswith(f"{what} cannot complete: ranks [{gone}] shut hvdlike "
+                                      "down"), r
+
+
 def test_join_lets_ranks_with_less_data_contribute_zeros():
     batches = [1, 3, 2, 3]
     results = run_mpi(4, "runtime_cases:join", timeout=60, batches=batches)
@@ -163,8 +176,13 @@ def test_plain_mpi4py_would_hang_in_the_same_situation():
 
 
 def test_abort_on_exception_can_be_turned_off():
-    job = launch(2, [sys.executable, FAILURE, "opt_out"], timeout=8)
-    assert job.timed_out  # the user asked for plain MPI behaviour, hang included
+    # no abort: the failing rank's script ends (its exit shuts hvdlike down), and the other
+    # rank's all-reduce then fails saying so, instead of the plain-MPI hang
+    job = launch(2, [sys.executable, FAILURE, "opt_out"], timeout=30)
+    assert not job.timed_out and job.returncode != 0
+    assert "raised an uncaught" not in job.output and "MPI_ABORT" not in job.output
+    assert job.output.count("RuntimeError: rank 1 fails before the allreduce") == 1
+    assert "cannot complete: ranks [1] shut hvdlike down" in job.output
 
 
 def test_results_the_program_holds_are_never_overwritten_by_later_calls():

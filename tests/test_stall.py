@@ -81,3 +81,15 @@ def test_a_rank_whose_engine_stops_answering_ends_the_job():
     assert "hvdlike[0]: ERROR: stall shutdown" in job.output
     assert "no answer from some rank" in job.output
     assert waited <= 3 + 5
+
+
+@pytest.mark.parametrize("np_,missing", [(2, 1), (4, 2)])
+def test_a_rank_whose_script_ends_early_fails_the_others_collective_at_once(np_, missing):
+    # no stall times: the error must not wait for the inspector
+    job, waited = _run(np_, "finished", missing, {})
+    assert job.returncode != 0
+    assert "RESULT" not in job.output
+    assert (f"hvdlike.allreduce 'layer1/kernel' cannot complete: ranks [{missing}] shut "
+            "hvdlike down") in job.output, job.output[-3000:]
+    assert "stalled" not in job.output
+    assert waited <= 10, f"ended {waited:.1f} s after the rank left"

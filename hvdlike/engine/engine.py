@@ -25,7 +25,7 @@ meanwhile (but see docs/multinode.md: Open MPI 5 over TCP can hang when they do)
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -176,7 +176,7 @@ class Engine:
         except BaseException as exc:
             self._round_failed(exc)
             raise self.failure or exc
-        if rows.announced or rows.stalled or rows.stopping or rows.joined_any:
+        if rows.announced or rows.stalled or rows.stopped or rows.joined_any:
             entry = self._pend(request, inputs, process_set, position)
             try:
                 self._conclude(rows, [], [entry])
@@ -437,7 +437,10 @@ class Engine:
             entry.handle._complete(decision.last_joined, None)
         if decision.stop:
             self._stop_now()
-        elif self._pending and self._stall.due(now):
+            return
+        if rows.stopped:
+            self._fail_waiting_on(rows.stopped)
+        if self._pending and self._stall.due(now):
             self._stall.scan(list(self._pending.values()), self._missing, now)
 
     def _missing(self, entry: Entry) -> List[int]:
@@ -575,6 +578,28 @@ class Engine:
         assert position is not None
         self._bits &= ~(1 << position)
         entry.position = None
+
+    def _fail_waiting_on(self, stopped: Sequence[int]) -> None:
+        """Ranks ``stopped`` are shutting down: they submit nothing more (their engines still
+        take part in rounds until every rank has shut down). Fail this rank's requests that
+        wait for one of them at once, instead of waiting for ever; requests of sets without
+        them go on. Every rank decides from the same rows, so all fail a request alike."""
+        def error(what: str, ranks: List[int]) -> RuntimeError:
+            return RuntimeError(
+                f"{what} cannot complete: ranks {ranks} shut hvdlike down "
+                "(hvdlike.shutdown() or the end of their script) without submitting it. Every "
+                "rank must make the same collective calls; when ranks have different amounts of "
+                "data, stop all of them at the same step, or let the ones that run out call "
+                "hvdlike.join() (allreduce only).")
+        for entry in list(self._pending.values()):
+            gone = [r for r in self._missing(entry) if r in stopped]
+            if gone:
+                self._retire(entry)
+                entry.handle._complete(None, error(
+                    f"hvdlike.{entry.request.kind} {entry.request.name!r}", gone))
+        if self._join_entry is not None and not self._stopping:
+            entry, self._join_entry, self._joined_round = self._join_entry, None, -1
+            entry.handle._complete(None, error("hvdlike.join", list(stopped)))
 
     def _stop_now(self) -> None:
         self.stopped = True

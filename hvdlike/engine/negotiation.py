@@ -38,6 +38,7 @@ class Rows(NamedTuple):
     stalled: bool  # some rank has waited past the stall shutdown time
     joined_any: bool  # some rank has joined
     same: bool = False  # every rank sent the same row
+    stopped: Tuple[int, ...] = ()  # the ranks shutting down
 
 
 class Announcement(NamedTuple):
@@ -119,7 +120,7 @@ class Negotiation:
             n, joined = self.size, joined_round >= 0
             self.last_rows = Rows(announcing > 0, [joined_round] * n, bool(stop), [bits] * n,
                                   n if announcing or bits or joined else 0, bool(stalled),
-                                  joined, True)
+                                  joined, True, tuple(range(n)) if stop else ())
         else:
             self.last_rows = self._parse(raw)
         return self.last_rows
@@ -127,19 +128,21 @@ class Negotiation:
     def _parse(self, raw: bytes) -> Rows:
         step, at = self.row_bytes, HEADER * 8
         unpack, from_bytes = _HEADER.unpack_from, int.from_bytes
-        announced, stopping, waiting, stalled, joined_any = False, True, 0, False, False
-        joined, bits = [], []
+        announced, waiting, stalled, joined_any = False, 0, False, False
+        joined, bits, stopped = [], [], []
         for offset in range(0, self.size * step, step):
             announcing, joined_round, stop, _, stall = unpack(raw, offset)
             mine = from_bytes(raw[offset + at:offset + step], "little")
             announced = announced or announcing > 0
-            stopping = stopping and stop == 1
+            if stop == 1:
+                stopped.append(offset // step)
             stalled = stalled or stall == 1
             joined_any = joined_any or joined_round >= 0
             waiting += bool(announcing or mine or joined_round >= 0)
             joined.append(joined_round)
             bits.append(mine)
-        return Rows(announced, joined, stopping, bits, waiting, stalled, joined_any)
+        return Rows(announced, joined, len(stopped) == self.size, bits, waiting, stalled,
+                    joined_any, False, tuple(stopped))
 
     # ------------------------------------------------------------------ every rank alike
 

@@ -235,3 +235,30 @@ def sets_from_communicators() -> Dict[str, Any]:
         if c != MPI.COMM_NULL:
             c.Free()
     return out
+
+
+def a_rank_shuts_down_first() -> Dict[str, Any]:
+    """The last rank shuts hvdlike down while the others go on: collectives of a set without
+    it still run; ones that need it (cached name, new name, join) fail at once."""
+    me, n = hvd.rank(), hvd.size()
+    others = hvd.add_process_set(list(range(n - 1)))
+    hvd.allreduce(np.ones(2), name="cached")  # in the response cache on every rank
+    out: Dict[str, Any] = {}
+    if me == n - 1:
+        hvd.shutdown()  # returns once every rank has shut down
+        out["left"] = True
+    else:
+        out["set_sums"] = [hvd.allreduce(np.array([float(me)]), op=hvd.Sum, name=f"s{i}",
+                                         process_set=others).tolist() for i in range(2)]
+        for name in ("cached", "fresh", "join"):
+            try:
+                if name == "join":
+                    hvd.join()
+                else:
+                    hvd.allreduce(np.ones(2), name=name)
+                out[name] = "completed"
+            except RuntimeError as exc:
+                out[name] = str(exc)
+        hvd.shutdown()
+    hvd.init()
+    return out

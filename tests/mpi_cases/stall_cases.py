@@ -7,7 +7,8 @@ other ranks wait for. Modes:
 * ``new``: a name never seen before;
 * ``late``: MISSING comes 2.5 s late; everyone prints the result;
 * ``process_set``: a collective of the process set [1, 2, 3] that MISSING skips;
-* ``stopped``: MISSING stops its whole process (SIGSTOP), engine included.
+* ``stopped``: MISSING stops its whole process (SIGSTOP), engine included;
+* ``finished``: MISSING's script ends (exit status 0) where the others call one more.
 
 Rank 0 prints ``STALL_START <unix time>`` when the wait begins.
 """
@@ -34,6 +35,8 @@ hvd.barrier()
 if rank == 0:
     print(f"STALL_START {time.time():.3f}", flush=True)
 if rank == missing:
+    if mode == "finished":
+        sys.exit(0)
     if mode == "stopped":
         os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(2.5 if mode == "late" else 60)
