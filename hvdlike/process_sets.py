@@ -127,11 +127,13 @@ def register_at_init(process_sets: Sequence[Union[ProcessSet, Iterable[int]]]) -
     ids 1, 2, ... Each rank's first object for a set is the registered one; a later object with
     the same ranks, or with the world's (``global_process_set``), stays unregistered."""
     st = runtime.state("hvdlike.init(process_sets=...)")
-    objects = [ps if isinstance(ps, ProcessSet) else ProcessSet(ps) for ps in process_sets]
+    objects: List[ProcessSet] = []
     entries: List[Tuple[bool, Optional[List[int]]]] = []  # (from a communicator?, ranks)
     error = None
-    try:
-        for ps in objects:
+    try:  # an error here is reported on every rank, in the round below
+        for given in process_sets:
+            ps = given if isinstance(given, ProcessSet) else ProcessSet(given)
+            objects.append(ps)
             if ps.process_set_id is not None:
                 raise ValueError(f"{ps} is already registered")
             ranks = ps.ranks if ps.mpi_comm is None else _world_ranks(ps.mpi_comm, st)
@@ -139,7 +141,7 @@ def register_at_init(process_sets: Sequence[Union[ProcessSet, Iterable[int]]]) -
             if error:
                 break
             entries.append((ps.mpi_comm is not None, ranks))
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         error = str(exc)
 
     def register() -> None:  # runs in the engine, in the same round on every rank

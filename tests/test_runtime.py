@@ -116,6 +116,8 @@ def test_init_registers_the_distinct_sets_of_communicators_and_lists_as_horovod(
         assert "only be registered by hvdlike.init" in r["add_comm"]
         assert "process set 0 differs between ranks" in r["mismatch"]
         assert r["initialized after mismatch"] is False
+        assert r["bad list"] == ("hvdlike.init(process_sets=...) failed: rank 0: process set "
+                                 "ranks [0, 0] contain duplicates")
 
 
 @pytest.mark.parametrize("np_", [2, 4])

@@ -230,6 +230,10 @@ def sets_from_communicators() -> Dict[str, Any]:
     except hvd.CollectiveMismatchError as exc:
         out["mismatch"] = str(exc)
     out["initialized after mismatch"] = hvd.is_initialized()
+    try:  # a bad list on one rank: the same error on every rank
+        hvd.init(process_sets=[[0, 0] if me == 0 else [0]])
+    except ValueError as exc:
+        out["bad list"] = str(exc)
     hvd.init()
     for c in (split, low):
         if c != MPI.COMM_NULL:
