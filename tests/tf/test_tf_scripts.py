@@ -76,6 +76,7 @@ LEGACY_TRAINING_CHECKS = [
     "load_model_restores_wrapped_optimizer_with_state",
     "bad_inputs_give_clear_errors",
     "sync_batch_norm_equals_one_process_on_the_global_batch",
+    "optimizer_options_and_steps_per_execution_equals_single_process_global_batch",
 ]
 
 

@@ -12,6 +12,7 @@ CHECKS = [
     "fit_sgd_np_equals_single_process_global_batch",
     "custom_loop_sgd_tape_equals_single_process_global_batch",
     "fit_adam_np_equals_single_process_global_batch",
+    "optimizer_options_and_steps_per_execution_equals_single_process_global_batch",
     "custom_loop_adam_tape_equals_single_process_global_batch",
     "tape_as_context_manager_eager_nested_sources",
     "gradients_none_on_some_ranks_only_raise_with_a_hint_on_every_rank",

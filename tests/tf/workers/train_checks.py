@@ -103,6 +103,30 @@ for name, make_opt in OPTS.items():
         same_on_every_rank(m.get_weights(), "weights")
 
 
+@check("optimizer_options_and_steps_per_execution_equals_single_process_global_batch")
+def _():
+    """Keras's own optimizer options see the averaged gradients, and several steps per
+    compiled call pair up across ranks: global_clipnorm (small enough to clip), EMA, and in
+    Keras 3 gradient_accumulation_steps; compile(steps_per_execution=3)."""
+    steps = 2 * STEPS  # every row of X
+    options = dict(global_clipnorm=0.5, use_ema=True, ema_overwrite_frequency=2)
+    if not compat.use_legacy_keras():
+        options["gradient_accumulation_steps"] = 2
+
+    def make_opt():
+        return keras.optimizers.SGD(0.05, momentum=0.9, **options)
+
+    ref = make_model()
+    ref.compile(optimizer=make_opt(), loss="mse", steps_per_execution=3)
+    ref.fit(X, Y, batch_size=B * n, epochs=1, shuffle=False, verbose=0)
+    m = fit_distributed(hvdk.DistributedOptimizer(make_opt()), steps=steps,
+                        steps_per_execution=3)
+    for a, b in zip(m.get_weights(), ref.get_weights()):
+        assert_close(a, b, rtol=RTOL, atol=ATOL)
+    assert not np.allclose(m.get_weights()[0], make_model().get_weights()[0])  # it trained
+    same_on_every_rank(m.get_weights(), "weights")
+
+
 @check("tape_as_context_manager_eager_nested_sources")
 def _():
     v1, v2 = tf.Variable([1.0, 2.0]), tf.Variable(3.0)
