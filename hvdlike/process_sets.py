@@ -132,6 +132,8 @@ def register_at_init(process_sets: Sequence[Union[ProcessSet, Iterable[int]]]) -
     error = None
     try:  # an error here is reported on every rank, in the round below
         for given in process_sets:
+            if given is global_process_set:  # registered already, with id 0
+                continue
             ps = given if isinstance(given, ProcessSet) else ProcessSet(given)
             objects.append(ps)
             if ps.process_set_id is not None:

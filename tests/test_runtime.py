@@ -108,7 +108,7 @@ def test_init_registers_the_distinct_sets_of_communicators_and_lists_as_horovod(
         second = 1 if rank % 2 else None  # range(0, n, 2): the odd ranks' first evens object
         zero = 3 if np_ == 4 else None  # at np=2, [0] is the evens
         last = 4 if np_ == 4 and rank < 2 else None
-        assert r["ids"] == [first_id, second, None, None, zero, last], (rank, r)
+        assert r["ids"] == [first_id, second, None, None, zero, last, 0], (rank, r)
         assert r["comm_ids"] == [0, first_id, 0]
         assert r["split"] == (mine, mine.index(rank), len(mine), True)
         assert r["split_sum"] == [sum(mine)]

@@ -199,8 +199,8 @@ def init_on_listed_ranks(lists: Dict[int, Any]) -> Dict[str, Any]:
 def sets_from_communicators() -> Dict[str, Any]:
     """Horovod's init(process_sets=[ProcessSet(comm), ...]): a split communicator (evens on
     even ranks, odds on odd ones), copies of it and of the world, a list of ranks equal to
-    one of them, [0], and a communicator this rank is not in (COMM_NULL) for ranks 0 and 1
-    only. Then what Horovod's names report and collectives on the sets."""
+    one of them, [0], a communicator this rank is not in (COMM_NULL) for ranks 0 and 1
+    only, and global_process_set. Then what Horovod's names report and collectives on the sets."""
     from mpi4py import MPI
     world = MPI.COMM_WORLD
     me, n = world.Get_rank(), world.Get_size()
@@ -208,7 +208,8 @@ def sets_from_communicators() -> Dict[str, Any]:
     split = world.Split(color=me % 2, key=me)
     low = world.Create_group(world.Get_group().Incl([0, 1]))  # COMM_NULL on ranks >= 2
     given = [hvd.ProcessSet(split), hvd.ProcessSet(range(0, n, 2)), hvd.ProcessSet(world.Dup()),
-             hvd.ProcessSet(split.Dup()), hvd.ProcessSet([0]), hvd.ProcessSet(low)]
+             hvd.ProcessSet(split.Dup()), hvd.ProcessSet([0]), hvd.ProcessSet(low),
+             hvd.global_process_set]
     hvd.init(comm=world, process_sets=given)
     out: Dict[str, Any] = dict(
         table={str(k): v for k, v in hvd.get_process_set_ids_and_ranks().items()},
