@@ -19,7 +19,8 @@ SETTINGS = {
     "--cycle-time-ms": ("HVDLIKE_CYCLE_TIME", str, "engine cycle time in milliseconds"),
     "--cache-capacity": ("HVDLIKE_CACHE_CAPACITY", str, "response cache entries"),
     "--timeline-filename": ("HVDLIKE_TIMELINE", str,
-                            "write the timeline: rank 0 to this path, rank r > 0 with .rank<r> added"),
+                            "write the timeline: rank 0 to this path, rank r > 0 with "
+                            ".rank<r> added"),
     "--stall-check-warning-time-seconds": ("HVDLIKE_STALL_CHECK_TIME_SECONDS", str,
                                            "report a stalled collective after this long"),
     "--stall-check-shutdown-time-seconds": ("HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS", str,
