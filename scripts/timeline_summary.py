@@ -9,6 +9,9 @@ and writes, next to them or in ``--out``:
 ``timeline_summary.json``, ``timeline_summary.png`` and ``timeline_merged.json`` (all ranks in
 one trace, one process per rank, for chrome://tracing or ui.perfetto.dev).
 
+``waited_for_rank_s``: how long this rank's requests waited (``WAIT_FOR_RANKS``) for each
+rank that was the last to submit them: the stragglers.
+
 Overlap of a ``STEP`` (one optimizer update; see hvdlike/timeline.py): backprop has produced
 its last gradient when the step's last request is submitted; communication is the union of
 the step's transport phases (``SHM_*``, ``CMA_*``, ``HIERARCHICAL_*``, ``MPI_*``); hidden = the part of it before that last
@@ -69,8 +72,12 @@ def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
     tensor_spans = [e for e in spans if rows.get(e["tid"]) not in ("steps", "engine")]
     phases: Dict[str, float] = {}
     per_tensor: Dict[str, float] = {}
+    waited_for: Dict[str, float] = {}  # rank -> time spent waiting while it was last
     for e in tensor_spans:
         phases[e["name"]] = phases.get(e["name"], 0.0) + e["dur"] / 1e6
+        if e["name"] == "WAIT_FOR_RANKS":
+            for late in e.get("args", {}).get("last_ranks", []):
+                waited_for[str(late)] = waited_for.get(str(late), 0.0) + e["dur"] / 1e6
         if is_transport(e["name"]):
             row = rows[e["tid"]]
             per_tensor[row] = per_tensor.get(row, 0.0) + e["dur"] / 1e6
@@ -90,6 +97,7 @@ def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
                       "hidden_fraction": hidden / total if total else None})
     return {"phases_s": dict(sorted(phases.items(), key=lambda kv: -kv[1])),
             "transport_per_tensor_s": dict(sorted(per_tensor.items(), key=lambda kv: -kv[1])),
+            "waited_for_rank_s": dict(sorted(waited_for.items(), key=lambda kv: -kv[1])),
             "steps": steps}
 
 
@@ -111,6 +119,9 @@ def main() -> None:
         print(f"rank {r}: time per phase (s, summed over requests)")
         for name, t in s["phases_s"].items():
             print(f"  {name:<26} {t:10.4f}")
+        if s["waited_for_rank_s"]:
+            print("  waited for (s, requests whose last submitter was that rank): " + ", ".join(
+                f"rank {k} {t:.4f}" for k, t in s["waited_for_rank_s"].items()))
         print(f"  {'step':>4} {'step s':>8} {'comm s':>8} {'hidden s':>9} {'exposed s':>10} "
               f"{'hidden':>7} {'requests':>9}")
         for i, st in enumerate(s["steps"]):

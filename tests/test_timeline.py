@@ -80,11 +80,14 @@ def test_summary_splits_each_steps_communication_at_the_last_submit():
     x = [("STEP", 3, 0, 100), ("QUEUED", 1, 10, 1), ("MPI_ALLREDUCE", 1, 20, 30),
          ("QUEUED", 2, 60, 1), ("SHM_ALLREDUCE", 2, 40, 40)]  # 40..80 overlaps 20..50
     events = meta + [{"name": n, "ph": "X", "tid": t, "ts": ts, "dur": d} for n, t, ts, d in x]
+    events += [{"name": "WAIT_FOR_RANKS", "ph": "X", "tid": t, "ts": 11, "dur": d,
+                "args": {"last_ranks": last}} for t, d, last in ((1, 5, [1]), (2, 7, [1, 3]))]
     (step,) = summary.summarise(events)["steps"]
     # communication: union of 20..50 and 40..80 = 60 us; backprop done at the last submit (60)
     assert step["communication_s"] == 60e-6 and step["requests"] == 2
     assert (step["hidden_s"], step["exposed_s"]) == (40e-6, 20e-6)
     assert summary.summarise(events)["transport_per_tensor_s"] == {"b": 40e-6, "a": 30e-6}
+    assert summary.summarise(events)["waited_for_rank_s"] == {"1": 12e-6, "3": 7e-6}
 
 
 def test_summary_script_reads_every_ranks_file(tmp_path):
