@@ -591,7 +591,13 @@ class Engine:
                 "rank must make the same collective calls; when ranks have different amounts of "
                 "data, stop all of them at the same step, or let the ones that run out call "
                 "hvdlike.join() (allreduce only).")
+        involved: Dict[int, bool] = {}  # process set id -> has a rank in ``stopped``
         for entry in list(self._pending.values()):
+            set_id = entry.key[0]
+            if set_id not in involved:
+                involved[set_id] = any(r in stopped for r in _ps._registry[set_id].ranks)
+            if not involved[set_id]:
+                continue  # a set without them: its requests go on as usual
             gone = [r for r in self._missing(entry) if r in stopped]
             if gone:
                 self._retire(entry)
