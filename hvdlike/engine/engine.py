@@ -21,6 +21,10 @@ ordinary blocking MPI collectives. MPI is initialised with MPI_THREAD_MULTIPLE (
 default): the engine serialises its own calls with a lock, so collectives never have two
 threads in MPI at once; application threads may use MPI on their own communicators
 meanwhile (but see docs/multinode.md: Open MPI 5 over TCP can hang when they do).
+
+Shutting down is collective too: a stopping rank's engine keeps taking part in rounds until
+every rank stops. Meanwhile the others fail, in the round that sees it, their requests that
+wait for a stopping rank (it will submit nothing more); requests of sets without it go on.
 """
 import threading
 import time
