@@ -176,9 +176,7 @@ def register_at_init(process_sets: Sequence[Union[ProcessSet, Iterable[int]]]) -
             ps = next((p for p, (_, r) in zip(objects, entries) if r == ranks), None)
             if ps is None:  # a set only other ranks named (another part of a split)
                 ps = ProcessSet(ranks)
-            member = st.rank in ranks
-            comm = st.world.Split(color=0 if member else st.mpi.UNDEFINED, key=st.rank)
-            ps._bind(max(_registry) + 1, ranks, comm if member else None)
+            _bind_next(st, ps, ranks)
         for ps, (from_comm, ranks) in zip(objects, entries):
             if from_comm and ranks is not None and ps.process_set_id is None:
                 ps.ranks = ranks  # a twin of a registered set: its members, for the error
@@ -239,9 +237,7 @@ def add_process_set(process_set: Union[ProcessSet, Iterable[int]]) -> ProcessSet
                 f"hvdlike.add_process_set: ranks passed different sets ({listing}); every rank "
                 "must call add_process_set with the same ranks, in the same order of calls"),
                 st.rank)
-        member = st.rank in ps.ranks
-        comm = st.world.Split(color=0 if member else st.mpi.UNDEFINED, key=st.rank)
-        ps._bind(max(_registry) + 1, ps.ranks, comm if member else None)
+        _bind_next(st, ps, ps.ranks)
         return ps
 
     return _in_engine(st, register)
@@ -267,6 +263,14 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         return True
 
     return _in_engine(st, unregister)
+
+
+def _bind_next(st: "runtime._State", ps: ProcessSet, ranks: List[int]) -> None:
+    """Register ``ps`` as the set of ``ranks`` with the next id and its communicator (in the
+    engine, on every rank alike)."""
+    member = st.rank in ranks
+    comm = st.world.Split(color=0 if member else st.mpi.UNDEFINED, key=st.rank)
+    ps._bind(max(_registry) + 1, ranks, comm if member else None)
 
 
 def _in_engine(st: "runtime._State", change: Any) -> Any:

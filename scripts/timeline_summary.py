@@ -18,12 +18,12 @@ the step's transport phases (``SHM_*``, ``CMA_*``, ``HIERARCHICAL_*``, ``MPI_*``
 submit, exposed = the rest.
 """
 import argparse
-import glob
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
+
+from hvdlike.timeline import rank_file
 
 Span = Tuple[float, float]
 
@@ -34,22 +34,16 @@ def is_transport(name: str) -> bool:
 
 def load(path: str) -> Dict[int, List[Dict[str, Any]]]:
     """rank -> its events: rank 0's file is ``path``, rank r's has ``.rank<r>`` added."""
-    root, ext = os.path.splitext(path)
-    files = {}
-    for f in glob.glob(f"{glob.escape(root)}.rank*{ext}"):
-        m = re.fullmatch(r"\.rank(\d+)" + re.escape(ext), f[len(root):])
-        if m:
-            files[int(m.group(1))] = f
-    if os.path.isfile(path):
-        files[0] = path
-    if 0 not in files:
+    if not os.path.isfile(path):
         raise SystemExit(f"no timeline file {path}: was HVDLIKE_TIMELINE={path}?")
     out = {}
-    for rank, f in sorted(files.items()):
-        text = Path(f).read_text().rstrip()
+    rank = 0
+    while os.path.isfile(rank_file(path, rank)):  # every rank writes its file at the start
+        text = Path(rank_file(path, rank)).read_text().rstrip()
         if not text.endswith("]"):  # a rank that stopped early: close the array
             text = text.rstrip(",") + "]"
         out[rank] = json.loads(text)
+        rank += 1
     return out
 
 

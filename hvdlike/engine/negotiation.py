@@ -32,13 +32,12 @@ class Rows(NamedTuple):
 
     announced: bool  # some rank announced new requests
     joined: List[int]  # the round each rank joined in, or -1
-    stopping: bool  # every rank is shutting down
+    stopped: Tuple[int, ...]  # the ranks shutting down
     bits: List[int]  # each rank's pending cache positions (bit p = position p)
     waiting: int  # how many ranks had something pending (or had joined)
     stalled: bool  # some rank has waited past the stall shutdown time
     joined_any: bool  # some rank has joined
     same: bool = False  # every rank sent the same row
-    stopped: Tuple[int, ...] = ()  # the ranks shutting down
 
 
 class Announcement(NamedTuple):
@@ -118,9 +117,10 @@ class Negotiation:
         if raw == self._row_bytes:  # every rank sent this rank's row: no need to read them
             bits, announcing, joined_round, stop, _, stalled = self._row_fields
             n, joined = self.size, joined_round >= 0
-            self.last_rows = Rows(announcing > 0, [joined_round] * n, bool(stop), [bits] * n,
+            self.last_rows = Rows(announcing > 0, [joined_round] * n,
+                                  tuple(range(n)) if stop else (), [bits] * n,
                                   n if announcing or bits or joined else 0, bool(stalled),
-                                  joined, True, tuple(range(n)) if stop else ())
+                                  joined, True)
         else:
             self.last_rows = self._parse(raw)
         return self.last_rows
@@ -141,8 +141,7 @@ class Negotiation:
             waiting += bool(announcing or mine or joined_round >= 0)
             joined.append(joined_round)
             bits.append(mine)
-        return Rows(announced, joined, len(stopped) == self.size, bits, waiting, stalled,
-                    joined_any, False, tuple(stopped))
+        return Rows(announced, joined, tuple(stopped), bits, waiting, stalled, joined_any)
 
     # ------------------------------------------------------------------ every rank alike
 
@@ -176,7 +175,8 @@ class Negotiation:
         last = -1
         if all_joined:  # the rank that joined last; the highest rank on ties
             last = max(range(self.size), key=lambda r: (rows.joined[r], r))
-        return Round(responses, invalidated, all_joined, last, rows.stopping)
+        return Round(responses, invalidated, all_joined, last,
+                     len(rows.stopped) == self.size)
 
     def announced(self, key: Key) -> Dict[int, Tuple[Request, Optional[LocalError]]]:
         """The ranks that have announced ``key`` so far (it is not complete yet)."""
