@@ -189,6 +189,9 @@ def comm_process_set_id(comm: Any) -> int:
     communicator ``comm`` (0 for one spanning the world), as Horovod's."""
     st = runtime.state("hvdlike.comm_process_set_id()")
     ranks = _world_ranks(comm, st)
+    if ranks is None:
+        raise ValueError("hvdlike.comm_process_set_id: got MPI.COMM_NULL (this rank is not in "
+                         "that communicator), which stands for no process set")
     for set_id, ps in sorted(_registry.items()):
         if ps.ranks == ranks:
             return set_id

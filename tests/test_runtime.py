@@ -114,6 +114,9 @@ def test_init_registers_the_distinct_sets_of_communicators_and_lists_as_horovod(
         assert r["split_sum"] == [sum(mine)]
         assert "has the same ranks: use that one" in r["twin"]
         assert "only be registered by hvdlike.init" in r["add_comm"]
+        assert "got MPI.COMM_NULL" in r["null_id"]
+        assert r["not_a_set"] == ("ProcessSet takes a list of ranks or an mpi4py communicator, "
+                                  "got int")
         assert "process set 0 differs between ranks" in r["mismatch"]
         assert r["initialized after mismatch"] is False
         assert r["bad list"] == ("hvdlike.init(process_sets=...) failed: rank 0: process set "

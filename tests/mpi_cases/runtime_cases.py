@@ -225,6 +225,14 @@ def sets_from_communicators() -> Dict[str, Any]:
         hvd.add_process_set(hvd.ProcessSet(split))
     except NotImplementedError as exc:
         out["add_comm"] = str(exc)
+    try:
+        hvd.comm_process_set_id(MPI.COMM_NULL)
+    except ValueError as exc:
+        out["null_id"] = str(exc)
+    try:
+        hvd.ProcessSet(5)
+    except TypeError as exc:
+        out["not_a_set"] = str(exc)
     hvd.shutdown()
     try:  # lists of ranks must agree; a communicator may differ
         hvd.init(process_sets=[hvd.ProcessSet([me])])
