@@ -13,7 +13,7 @@ from hvdlike import Average, Min
 
 from hvdlike.tensorflow import compat, ops, optimizer_v1
 from hvdlike.tensorflow.compression import Compression
-from hvdlike.tensorflow.gradients import GradientReducer, backward_passes
+from hvdlike.tensorflow.gradients import GradientReducer, backward_passes, variable_key
 
 
 class _AccumulationState:
@@ -49,6 +49,7 @@ class _DistributedMixin:
         object.__setattr__(self, "_hvd_bpps", bpps)
         object.__setattr__(self, "_hvd_average_aggregated", bool(average_aggregated_gradients))
         object.__setattr__(self, "_hvd_acc", _AccumulationState())
+        object.__setattr__(self, "_hvd_reduced_for", None)  # see _LegacyMixin
 
     # -- reduction ---------------------------------------------------------------------
     def _hvd_variables(self, trainable_variables):
@@ -127,7 +128,34 @@ class _Keras3Mixin(_DistributedMixin):
 
 
 class _LegacyMixin(_DistributedMixin):
-    """tf_keras (Keras 2) optimizers: reduce in apply_gradients."""
+    """tf_keras (Keras 2) optimizers: gradients an optimizer computes itself
+    (``compute_gradients``, and for ``optimizers.legacy`` classes ``get_gradients`` and
+    ``_compute_gradients``) come back reduced, as in Horovod, and the next
+    ``apply_gradients`` for those variables applies them as given; gradients from
+    anywhere else (a plain ``tf.GradientTape``) are reduced in ``apply_gradients``."""
+
+    def _hvd_reduce_computed(self, grads, variables):
+        """Reduce gradients the optimizer computed and remember for which variables, so that
+        ``apply_gradients`` does not reduce them again.  With ``backward_passes_per_step``
+        > 1 they stay local: ``apply_gradients`` accumulates and reduces every k-th pass."""
+        grads, variables = list(grads), list(variables)
+        if self._hvd_bpps > 1 or all(g is None for g in grads):
+            return grads
+        reduced = self._hvd_reduce(grads, variables)
+        object.__setattr__(self, "_hvd_reduced_for", {variable_key(v) for v in variables})
+        return reduced
+
+    def _hvd_reduced_pairs(self, grads_and_vars):
+        grads_and_vars = list(grads_and_vars)
+        variables = [v for _, v in grads_and_vars]
+        return list(zip(self._hvd_reduce_computed([g for g, _ in grads_and_vars], variables),
+                        variables))
+
+    def _hvd_already_reduced(self, variables):
+        """True once if the optimizer itself reduced these variables' gradients last."""
+        marked = self._hvd_reduced_for
+        object.__setattr__(self, "_hvd_reduced_for", None)
+        return marked is not None and {variable_key(v) for v in variables} <= marked
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
@@ -137,7 +165,9 @@ class _LegacyMixin(_DistributedMixin):
             raise ValueError("hvdlike DistributedOptimizer: every gradient is None; check "
                              "that the loss depends on the trainable variables.")
         parent = super().apply_gradients
-        if self._hvd_bpps == 1:
+        if self._hvd_already_reduced(variables):
+            result = parent(grads_and_vars, *args, **kwargs)
+        elif self._hvd_bpps == 1:
             result = parent(list(zip(self._hvd_reduce(grads, variables), variables)),
                             *args, **kwargs)
         else:
@@ -147,12 +177,33 @@ class _LegacyMixin(_DistributedMixin):
         return result
 
 
+class _TfKerasMixin(_LegacyMixin):
+    """tf_keras.optimizers.Optimizer: ``compute_gradients`` (``minimize``, ``fit``) reduces."""
+
+    def compute_gradients(self, loss, var_list, tape=None):
+        return self._hvd_reduced_pairs(super().compute_gradients(loss, var_list, tape=tape))
+
+
+class _OptimizerV2Mixin(_LegacyMixin):
+    """tf_keras.optimizers.legacy: ``get_gradients`` and ``_compute_gradients`` reduce."""
+
+    def get_gradients(self, loss, params):
+        return self._hvd_reduce_computed(super().get_gradients(loss, params), params)
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        return self._hvd_reduced_pairs(
+            super()._compute_gradients(loss, var_list, grad_loss=grad_loss, tape=tape))
+
+
 _CLASS_CACHE = {}
 
 
 def _distributed_class(base, settings):
     """A subclass of ``base`` that reduces gradients with ``settings``."""
-    mixin = _LegacyMixin if compat.use_legacy_keras() else _Keras3Mixin
+    if not compat.use_legacy_keras():
+        mixin = _Keras3Mixin
+    else:
+        mixin = _OptimizerV2Mixin if hasattr(base, "get_gradients") else _TfKerasMixin
     cls = type(base.__name__, (mixin, base), {"_hvd_settings": dict(settings)})
     cls.__module__ = base.__module__
     cls.__qualname__ = base.__qualname__

@@ -77,6 +77,8 @@ LEGACY_TRAINING_CHECKS = [
     "bad_inputs_give_clear_errors",
     "sync_batch_norm_equals_one_process_on_the_global_batch",
     "optimizer_options_and_steps_per_execution_equals_single_process_global_batch",
+    "tf_keras_computed_gradients_come_back_reduced_and_are_applied_once",
+    "mixed_precision_loss_scale_inside_outside_and_compile_wrapped",
 ]
 
 

@@ -127,6 +127,78 @@ def _():
     same_on_every_rank(m.get_weights(), "weights")
 
 
+if compat.use_legacy_keras():
+    @check("tf_keras_computed_gradients_come_back_reduced_and_are_applied_once")
+    def _():
+        """As in Horovod, the gradients a tf_keras DistributedOptimizer computes itself
+        (compute_gradients; get_gradients and _compute_gradients of optimizers.legacy) come
+        back reduced, and applying them (even changed) does not reduce them again; plain
+        tape gradients are still reduced in apply_gradients.  op=Sum makes a second reduction
+        show (n times the step)."""
+        lr = 0.1
+        x, y = local_rows(1, B), local_rows(1, B, Y)
+
+        def loss_of(m):
+            return lambda: tf.reduce_mean(tf.square(m(x) - y))
+
+        m0 = make_model()
+        with tf.GradientTape() as tape:
+            loss = loss_of(m0)()
+        local = [g.numpy() for g in tape.gradient(loss, m0.trainable_variables)]
+        w0 = [v.numpy() for v in m0.trainable_variables]
+        per_rank = hvd.allgather_object(local)
+        for op in (hvd.Average, hvd.Sum):
+            expected = [sum(g[i] for g in per_rank) / (n if op == hvd.Average else 1)
+                        for i in range(len(local))]
+
+            def after_one_step(g):
+                return [w - lr * e * g for w, e in zip(w0, expected)]
+
+            def weights(m):
+                return [v.numpy() for v in m.trainable_variables]
+
+            for kind, opt_class in (("new", keras.optimizers.SGD),
+                                    ("legacy", keras.optimizers.legacy.SGD)):
+                what = f"{kind} {op}"
+                # computed by the optimizer, halved, then applied: reduced once
+                m = make_model()
+                opt = hvdk.DistributedOptimizer(opt_class(lr), op=op)
+                if kind == "new":
+                    gv = opt.compute_gradients(loss_of(m), m.trainable_variables)
+                else:
+                    gv = opt._compute_gradients(loss_of(m), m.trainable_variables)
+                for (g, _), e in zip(gv, expected):
+                    assert_close(g.numpy(), e, rtol=RTOL, atol=ATOL, msg=what)
+                opt.apply_gradients([(0.5 * g, v) for g, v in gv])
+                for a, b in zip(weights(m), after_one_step(0.5)):
+                    assert_close(a, b, rtol=RTOL, atol=ATOL, msg=what)
+                # minimize in a tf.function
+                m = make_model()
+                opt = hvdk.DistributedOptimizer(opt_class(lr), op=op)
+                m(x)
+
+                @tf.function
+                def minimize():
+                    opt.minimize(loss_of(m), m.trainable_variables)
+
+                minimize()
+                for a, b in zip(weights(m), after_one_step(1.0)):
+                    assert_close(a, b, rtol=RTOL, atol=ATOL, msg=what + " minimize")
+                # tape gradients are reduced by apply_gradients
+                opt = hvdk.DistributedOptimizer(opt_class(lr), op=op)
+                m = make_model()
+                opt.apply_gradients(zip([tf.constant(g) for g in local], m.trainable_variables))
+                for a, b in zip(weights(m), after_one_step(1.0)):
+                    assert_close(a, b, rtol=RTOL, atol=ATOL, msg=what + " tape")
+            # legacy get_gradients (graph only: inside a tf.function)
+            m = make_model()
+            opt = hvdk.DistributedOptimizer(keras.optimizers.legacy.SGD(lr), op=op)
+            m(x)
+            got = tf.function(lambda: opt.get_gradients(loss_of(m)(), m.trainable_variables))()
+            for g, e in zip(got, expected):
+                assert_close(g.numpy(), e, rtol=RTOL, atol=ATOL, msg=f"get_gradients {op}")
+
+
 @check("tape_as_context_manager_eager_nested_sources")
 def _():
     v1, v2 = tf.Variable([1.0, 2.0]), tf.Variable(3.0)
@@ -436,12 +508,20 @@ def _():
 
 @check("mixed_precision_loss_scale_inside_outside_and_compile_wrapped")
 def _():
-    if compat.use_legacy_keras():
-        return  # tf_keras mixed precision is not covered by these checks
-    LSO = keras.mixed_precision.LossScaleOptimizer
+    """Keras 3 and tf_keras: a LossScaleOptimizer inside or outside DistributedOptimizer, or
+    added by compile, trains as one process does, and an overflow on one rank only makes
+    every rank skip the step (Keras 3: the ranks agree on the finite check; tf_keras: the
+    check sees the gradients compute_gradients reduced)."""
+    mp = keras.mixed_precision
+    LSO = mp.LossScaleOptimizer
+    set_policy = getattr(mp, "set_dtype_policy", None) or mp.set_global_policy  # tf_keras
+
+    def scale(opt):  # Keras 3: dynamic_scale; tf_keras: loss_scale
+        return opt.dynamic_scale if hasattr(opt, "dynamic_scale") else opt.loss_scale
+
     from hvdlike.tensorflow.optimizer import is_distributed_optimizer
     try:
-        keras.mixed_precision.set_dtype_policy("mixed_float16")
+        set_policy("mixed_float16")
         # fixed small scale (no overflow): LossScaleOptimizer inside or outside equals the
         # single-process reference within fp16 tolerance
         ref = make_model()
@@ -468,7 +548,7 @@ def _():
             m.optimizer.inner_optimizer), type(m.optimizer)
         w = m.get_weights()
         assert all(np.isfinite(a).all() for a in w)
-        same_on_every_rank(w + [m.optimizer.dynamic_scale.numpy()], "weights and loss scale")
+        same_on_every_rank(w + [scale(m.optimizer).numpy()], "weights and loss scale")
         # overflow on the last rank only: every rank skips the step and halves its scale
         m = make_model()
         before = m.get_weights()
@@ -478,12 +558,12 @@ def _():
         if r == n - 1:
             x *= 1e4  # fp16 gradients of the first layer overflow at this loss scale
         m.fit(x, local_rows(1, B, Y), batch_size=B, epochs=1, shuffle=False, verbose=0)
-        assert float(opt.dynamic_scale.numpy()) == 2.0**14, opt.dynamic_scale.numpy()
+        assert float(scale(opt).numpy()) == 2.0**14, scale(opt).numpy()
         for a, b in zip(m.get_weights(), before):
             np.testing.assert_array_equal(a, b)
-        same_on_every_rank(m.get_weights() + [opt.dynamic_scale.numpy()], "after overflow")
+        same_on_every_rank(m.get_weights() + [scale(opt).numpy()], "after overflow")
     finally:
-        keras.mixed_precision.set_dtype_policy("float32")
+        set_policy("float32")
 
 
 @check("shard_dataset_data_and_file_policies")
