@@ -90,6 +90,16 @@ def test_tf_keras_legacy_training_check_passes_on_every_rank(check):
     assert res.passed(check, 2), res.output[-6000:]
 
 
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_tf_keras_fit_in_a_v1_graph_equals_one_process(nranks):
+    # Horovod's Keras examples' TF1 mode: fit builds its step with get_updates/get_gradients
+    res = run_script_once(nranks, "tf_keras_v1_fit.py", timeout=300,
+                          env={"TF_USE_LEGACY_KERAS": "1"})
+    assert res.passed("v1_graph_fit_with_legacy_optimizer_equals_single_process_global_batch",
+                      nranks), res.output[-6000:]
+    assert res.returncode == 0, res.output[-6000:]
+
+
 def test_bench_train_writes_table_json_and_png(tmp_path):
     import json
     res = run_script(1, "scripts/bench_train.py", "--nps", "1,2", "--steps", "3", "--repeats",
