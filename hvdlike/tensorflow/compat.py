@@ -50,6 +50,18 @@ def loss_scale_optimizer_class() -> type:
     return k.mixed_precision.LossScaleOptimizer
 
 
+def tf_keras_loss_scale_module() -> Any:
+    """tf_keras's LossScaleOptimizer module (private, the same path in tf_keras 2.16-2.21),
+    or None with Keras 3 or where it is not found."""
+    if not use_legacy_keras():
+        return None
+    try:
+        from tf_keras.src.mixed_precision import loss_scale_optimizer
+    except ImportError:  # pragma: no cover - another tf_keras layout
+        return None
+    return loss_scale_optimizer
+
+
 def in_xla_context() -> bool:
     """True while tracing a function compiled with jit_compile=True (XLA)."""
     if _cfu is None or tf.executing_eagerly():

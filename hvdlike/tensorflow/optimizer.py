@@ -300,35 +300,74 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
     return cls.from_config(optimizer.get_config())
 
 
+def _all_finite(finite: Any, inner: Any) -> Any:
+    """The AND of ``finite`` over the ranks of ``inner``'s process set (a rank outside it
+    keeps its own verdict, as it keeps its own gradients)."""
+    ps = inner._hvd_reducer.process_set
+    if not ps.included():
+        return finite
+    votes = ops.allreduce(tf.cast(finite, tf.int32), op=Min,
+                          name="hvdlike.loss_scale.all_finite", process_set=ps)
+    return tf.equal(votes, 1)
+
+
 def _agree_on_loss_scale_decisions():
     """Make ``LossScaleOptimizer(DistributedOptimizer(opt))`` decide on every rank alike.
 
-    Keras 3's LossScaleOptimizer checks its *local* gradients for inf/NaN and only then calls
-    the inner optimizer, whose apply all-reduces. If one rank overflowed and another did not,
-    one would reduce and the other skip: a hang, or steps silently paired with the wrong
-    partner. Here, when the inner optimizer is distributed, the finite verdict becomes the AND
-    over its ranks (as if the check had seen the reduced gradients, where one rank's inf
-    spreads to all). Installed once; other LossScaleOptimizers are unaffected.
+    A LossScaleOptimizer checks the gradients it is given for inf/NaN and only then calls
+    the inner optimizer, whose apply all-reduces. If those are a rank's own gradients and one
+    rank overflowed while another did not, one would reduce and the other skip: a hang, or
+    steps silently paired with the wrong partner. Here, when the inner optimizer is
+    distributed, the finite verdict becomes the AND over its ranks (as if the check had seen
+    the reduced gradients, where one rank's inf spreads to all). Keras 3: always (its
+    optimizers reduce in apply). tf_keras: unless the inner optimizer's compute_gradients
+    has just reduced them (with backward_passes_per_step > 1, or for gradients from a plain
+    tape, it has not). Installed once; other LossScaleOptimizers are unaffected.
     """
-    if not compat.is_keras3():
-        return
-    lso_cls = compat.loss_scale_optimizer_class()
-    local_check = lso_cls.check_finite
-    if getattr(local_check, "_hvdlike_agrees", False):
-        return
+    if compat.is_keras3():
+        lso_cls = compat.loss_scale_optimizer_class()
+        local_check = lso_cls.check_finite
+        if getattr(local_check, "_hvdlike_agrees", False):
+            return
 
-    def check_finite(self, grads):
-        finite = local_check(self, grads)
-        inner = getattr(self, "inner_optimizer", None)
-        if not is_distributed_optimizer(inner):
-            return finite
-        votes = ops.allreduce(tf.cast(finite, tf.int32), op=Min,
-                              name="hvdlike.loss_scale.all_finite",
-                              process_set=inner._hvd_reducer.process_set)
-        return tf.equal(votes, 1)
+        def check_finite(self, grads):
+            finite = local_check(self, grads)
+            inner = getattr(self, "inner_optimizer", None)
+            return _all_finite(finite, inner) if is_distributed_optimizer(inner) else finite
 
-    check_finite._hvdlike_agrees = True
-    lso_cls.check_finite = check_finite
+        check_finite._hvdlike_agrees = True
+        lso_cls.check_finite = check_finite
+        return
+    module = compat.tf_keras_loss_scale_module()
+    if module is None or getattr(module._DynamicLossScaleState.update, "_hvdlike_agrees",
+                                 False):
+        return
+    local_update = module._DynamicLossScaleState.update
+
+    def update(self, grads):
+        inner = getattr(self, "_hvdlike_inner", None)
+        if inner is not None:  # one more "gradient": NaN unless every rank's are finite
+            grads = tf.nest.flatten(grads)
+            agreed = _all_finite(module._is_all_finite(grads), inner)
+            grads = grads + [tf.where(agreed, 0.0, float("nan"))]
+        return local_update(self, grads)
+
+    update._hvdlike_agrees = True
+    module._DynamicLossScaleState.update = update
+
+    def agreeing(local_apply):
+        def apply_gradients(self, *args, **kwargs):
+            inner = getattr(self, "inner_optimizer", None)
+            state = getattr(self, "_loss_scale", None)
+            if isinstance(state, module._DynamicLossScaleState):
+                unreduced = (isinstance(inner, _LegacyMixin)
+                             and inner._hvd_reduced_for is None)
+                object.__setattr__(state, "_hvdlike_inner", inner if unreduced else None)
+            return local_apply(self, *args, **kwargs)
+        return apply_gradients
+
+    for cls in (module.LossScaleOptimizer, module.LossScaleOptimizerV3):
+        cls.apply_gradients = agreeing(cls.apply_gradients)
 
 
 _agree_on_loss_scale_decisions()

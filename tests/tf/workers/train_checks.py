@@ -562,6 +562,28 @@ def _():
         for a, b in zip(m.get_weights(), before):
             np.testing.assert_array_equal(a, b)
         same_on_every_rank(m.get_weights() + [scale(opt).numpy()], "after overflow")
+        # backward_passes_per_step=2, so the checked gradients are each rank's own: the
+        # overflowing first pass is skipped on every rank, the next two make one update, as
+        # training on those two passes alone at the halved scale does
+        def accumulating(initial_scale):
+            return LSO(hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05),
+                                                 backward_passes_per_step=2),
+                       initial_scale=initial_scale)
+
+        x, y = local_rows(3, B).copy(), local_rows(3, B, Y)
+        if r == n - 1:
+            x[:B] *= 1e5  # beyond float16: an inf input
+        m, ref = make_model(), make_model()
+        m.compile(optimizer=accumulating(2.0**10), loss="mse")
+        m.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+        ref.compile(optimizer=accumulating(2.0**9), loss="mse")
+        ref.fit(x[B:], y[B:], batch_size=B, epochs=1, shuffle=False, verbose=0)
+        assert float(scale(m.optimizer).numpy()) == 2.0**9, scale(m.optimizer).numpy()
+        assert not np.array_equal(m.get_weights()[0], before[0])  # the update was applied
+        for a, b in zip(m.get_weights(), ref.get_weights()):
+            assert_close(a, b, rtol=1e-3, atol=1e-5, msg="backward_passes_per_step=2")
+        same_on_every_rank(m.get_weights() + [scale(m.optimizer).numpy()],
+                           "after overflow, backward_passes_per_step=2")
     finally:
         set_policy("float32")
 
