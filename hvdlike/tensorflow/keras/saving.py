@@ -20,7 +20,9 @@ def load_model(filepath: Any, custom_optimizers: Optional[Sequence[type]] = None
     (Horovod: use ``tf.keras.optimizers.legacy``) is accepted; the optimizer classes are
     those of the running Keras either way.
     """
-    objs = distributed_optimizer_classes(custom_optimizers, compression=compression,
-                                         **optimizer_kwargs)
+    classes = distributed_optimizer_classes(custom_optimizers, compression=compression,
+                                            **optimizer_kwargs)
+    # tf_keras looks built-in optimizers of .h5 and SavedModel files up by lower-case name
+    objs = {**{name.lower(): cls for name, cls in classes.items()}, **classes}
     objs.update(custom_objects or {})
     return compat.keras().models.load_model(filepath, custom_objects=objs)

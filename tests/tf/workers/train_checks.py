@@ -408,6 +408,15 @@ def _():
             assert_close(a, b, rtol=RTOL, atol=ATOL)
         plain = keras.models.load_model(path)  # also loadable without hvdlike
         assert not is_distributed_optimizer(plain.optimizer)
+        if compat.use_legacy_keras():  # tf_keras's other formats: .h5 and a SavedModel
+            for name in ("model.h5", "saved_model"):
+                path = os.path.join(d, name)
+                if r == 0:
+                    m.save(path)
+                hvd.barrier()
+                loaded = hvdk.load_model(path)
+                assert is_distributed_optimizer(loaded.optimizer), (name, type(loaded.optimizer))
+                assert isinstance(loaded.optimizer, keras.optimizers.Adam), name
 
 
 @check("bad_inputs_give_clear_errors")
