@@ -319,49 +319,59 @@ def _agree_on_loss_scale_decisions():
     rank overflowed while another did not, one would reduce and the other skip: a hang, or
     steps silently paired with the wrong partner. Here, when the inner optimizer is
     distributed, the finite verdict becomes the AND over its ranks (as if the check had seen
-    the reduced gradients, where one rank's inf spreads to all). Keras 3: always (its
-    optimizers reduce in apply). tf_keras: unless the inner optimizer's compute_gradients
-    has just reduced them (with backward_passes_per_step > 1, or for gradients from a plain
-    tape, it has not). Installed once; other LossScaleOptimizers are unaffected.
+    the reduced gradients, where one rank's inf spreads to all). Installed once; other
+    LossScaleOptimizers are unaffected.
     """
     if compat.is_keras3():
-        lso_cls = compat.loss_scale_optimizer_class()
-        local_check = lso_cls.check_finite
-        if getattr(local_check, "_hvdlike_agrees", False):
-            return
+        _agree_in_keras3()
+    else:
+        _agree_in_tf_keras()
 
-        def check_finite(self, grads):
-            finite = local_check(self, grads)
-            inner = getattr(self, "inner_optimizer", None)
-            return _all_finite(finite, inner) if is_distributed_optimizer(inner) else finite
 
-        check_finite._hvdlike_agrees = True
-        lso_cls.check_finite = check_finite
+def _agree_in_keras3():
+    """Keras 3: always (its optimizers reduce in apply): the LSO's check_finite."""
+    lso_cls = compat.loss_scale_optimizer_class()
+    local_check = lso_cls.check_finite
+    if getattr(local_check, "_hvdlike_agrees", False):
         return
+
+    def check_finite(self, grads):
+        finite = local_check(self, grads)
+        inner = getattr(self, "inner_optimizer", None)
+        return _all_finite(finite, inner) if is_distributed_optimizer(inner) else finite
+
+    check_finite._hvdlike_agrees = True
+    lso_cls.check_finite = check_finite
+
+
+def _agree_in_tf_keras():
+    """tf_keras: unless the inner optimizer's compute_gradients has just reduced them (with
+    backward_passes_per_step > 1, or for gradients from a plain tape, it has not). The LSO's
+    apply_gradients tells its dynamic loss scale state which inner optimizer to agree over;
+    the state's update adds one more "gradient", NaN unless every rank's are finite."""
     module = compat.tf_keras_loss_scale_module()
-    if module is None or getattr(module._DynamicLossScaleState.update, "_hvdlike_agrees",
-                                 False):
+    state_cls = None if module is None else module._DynamicLossScaleState
+    if state_cls is None or getattr(state_cls.update, "_hvdlike_agrees", False):
         return
-    local_update = module._DynamicLossScaleState.update
+    local_update = state_cls.update
 
     def update(self, grads):
         inner = getattr(self, "_hvdlike_inner", None)
-        if inner is not None:  # one more "gradient": NaN unless every rank's are finite
+        if inner is not None:
             grads = tf.nest.flatten(grads)
             agreed = _all_finite(module._is_all_finite(grads), inner)
             grads = grads + [tf.where(agreed, 0.0, float("nan"))]
         return local_update(self, grads)
 
     update._hvdlike_agrees = True
-    module._DynamicLossScaleState.update = update
+    state_cls.update = update
 
     def agreeing(local_apply):
         def apply_gradients(self, *args, **kwargs):
             inner = getattr(self, "inner_optimizer", None)
             state = getattr(self, "_loss_scale", None)
-            if isinstance(state, module._DynamicLossScaleState):
-                unreduced = (isinstance(inner, _LegacyMixin)
-                             and inner._hvd_reduced_for is None)
+            if isinstance(state, state_cls):
+                unreduced = isinstance(inner, _LegacyMixin) and inner._hvd_reduced_for is None
                 object.__setattr__(state, "_hvdlike_inner", inner if unreduced else None)
             return local_apply(self, *args, **kwargs)
         return apply_gradients
