@@ -92,14 +92,6 @@ def _wire_op(dtype: np.dtype, op: ReduceOp) -> ReduceOp:
 
 # ----------------------------------------------------------------------------- all-reduce
 
-class _Tensor(NamedTuple):
-    """One tensor of an all-reduce: its input, and how its result is made from the reduced
-    work array (the reduction runs in ``work``: float32 for 16-bit floats, uint8 for bool)."""
-
-    array: np.ndarray
-    work: np.dtype
-
-
 def fusion_key(work: Work, i: int) -> Tuple[Any, ...]:
     r = work.request
     return (id(work.process_set), r.op, r.scale, work.inputs[i].dtype)

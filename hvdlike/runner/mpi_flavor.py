@@ -21,11 +21,6 @@ class Flavor(enum.Enum):
     MPICH = "mpich"      # MPICH and its hydra-based derivatives (MVAPICH)
     INTEL = "intel"      # Intel MPI (hydra too, but no host:slots in -hosts)
 
-    @property
-    def is_hydra(self) -> bool:
-        """True for the hydra process manager (MPICH, Intel MPI)."""
-        return self is not Flavor.OPENMPI
-
 
 def find_mpirun(path: Optional[str] = None, exe_dir: Optional[str] = None) -> Optional[str]:
     """Return the MPI launcher to use, or None.
