@@ -6,30 +6,33 @@ nor TensorFlow: the TensorFlow names below load it on first use, and ``run`` (Ho
 ``horovod.run``) the launcher.
 """
 import importlib as _importlib
+from . import collectives as _collectives
 from .collectives import (
-    allgather,
     allgather_async,
     allgather_object,
-    allreduce,
     allreduce_async,
-    alltoall,
     alltoall_async,
     barrier,
-    broadcast,
     broadcast_async,
     broadcast_object,
     exclusive_mpi,
-    grouped_allgather,
     grouped_allgather_async,
-    grouped_allreduce,
     grouped_allreduce_async,
-    grouped_reducescatter,
     grouped_reducescatter_async,
     join,
-    reducescatter,
     reducescatter_async,
 )
-from .gpu import pin_gpu
+from .tf_dispatch import accepts_tf_values as _accepts_tf_values, pin_gpu
+
+# the blocking collectives take TensorFlow values too, handed to hvdlike.tensorflow
+allreduce = _accepts_tf_values(_collectives.allreduce)
+grouped_allreduce = _accepts_tf_values(_collectives.grouped_allreduce)
+allgather = _accepts_tf_values(_collectives.allgather)
+grouped_allgather = _accepts_tf_values(_collectives.grouped_allgather)
+broadcast = _accepts_tf_values(_collectives.broadcast)
+alltoall = _accepts_tf_values(_collectives.alltoall)
+reducescatter = _accepts_tf_values(_collectives.reducescatter)
+grouped_reducescatter = _accepts_tf_values(_collectives.grouped_reducescatter)
 from . import elastic
 from .errors import (CollectiveMismatchError, HostsUpdatedInterrupt, NotInitializedError,
                      RanksFailedError)

@@ -22,7 +22,6 @@ from .checks import Request
 from .handles import Handle
 from .process_sets import ProcessSet, global_process_set
 from .reduce_ops import ReduceOp, as_reduce_op
-from .tf_dispatch import accepts_tf_values
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -140,7 +139,6 @@ def _allreduce(xs: Sequence[Any], op: Any, prescale_factor: float, postscale_fac
     return _submit(process_set, request, error, arrays, blocking, given)
 
 
-@accepts_tf_values
 def allreduce(x: Any, op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
@@ -164,7 +162,6 @@ def allreduce_async(x: Any, op: Any = ReduceOp.AVERAGE, prescale_factor: float =
     return _allreduce([x], op, prescale_factor, postscale_factor, name, process_set, False)
 
 
-@accepts_tf_values
 def grouped_allreduce(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
@@ -203,7 +200,6 @@ def _allgather(xs: Sequence[Any], name: Optional[str], process_set: ProcessSet,
                    arrays, blocking, given)
 
 
-@accepts_tf_values
 def allgather(x: Any, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenate every rank's ``x`` along the first dimension, in rank order.
@@ -220,7 +216,6 @@ def allgather_async(x: Any, name: Optional[str] = None,
     return _allgather([x], name, process_set, False)
 
 
-@accepts_tf_values
 def grouped_allgather(xs: Sequence[Any], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """``allgather`` of a list of arrays in one MPI call. Returns a list of new arrays."""
@@ -248,7 +243,6 @@ def _root(root_rank: Any) -> Any:
     return int(root_rank) if isinstance(root_rank, (int, np.integer)) else repr(root_rank)
 
 
-@accepts_tf_values
 def broadcast(x: Any, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Every rank gets a new array equal to ``x`` on ``root_rank`` (a world rank in the set).
@@ -292,7 +286,6 @@ def _splits_or_error(a: np.ndarray, splits: Any, n: int) -> Tuple[np.ndarray, Op
     return s.astype(np.int64), None
 
 
-@accepts_tf_values
 def alltoall(x: Any, splits: Any = None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set
              ) -> Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]:
@@ -352,7 +345,6 @@ def _reducescatter(xs: Sequence[Any], op: Any, name: Optional[str], process_set:
                    blocking, given)
 
 
-@accepts_tf_values
 def reducescatter(x: Any, op: Any = ReduceOp.AVERAGE, name: Optional[str] = None,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> np.ndarray:
@@ -372,7 +364,6 @@ def reducescatter_async(x: Any, op: Any = ReduceOp.AVERAGE, name: Optional[str] 
     return _reducescatter([x], op, name, process_set, prescale_factor, postscale_factor, False)
 
 
-@accepts_tf_values
 def grouped_reducescatter(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                           name: Optional[str] = None,
                           process_set: ProcessSet = global_process_set,

@@ -237,22 +237,12 @@ def gpu_for(local_rank: int, gpus: int) -> Optional[int]:
     return local_rank % gpus
 
 
-def pin_gpu() -> Optional[int]:
-    """Make this rank use the GPU numbered ``local_rank()`` (modulo the GPUs visible): CuPy's
-    current device and, when TensorFlow is imported, TensorFlow's only visible GPU, with
-    memory growth. Call it on every rank after ``init()`` and before building a model.
-    Returns the GPU's index, or None on a machine without GPUs (nothing is changed then).
-    Ranks that share a GPU (more ranks than GPUs) work, staged through host memory."""
-    from . import runtime
-
-    local_rank = runtime.state("hvdlike.pin_gpu()").local_rank
-    index = None
-    if "tensorflow" in sys.modules:
-        from .tensorflow.devices import pin_gpu as pin_tensorflow
-
-        index = pin_tensorflow(local_rank)
-    if cuda_available():
-        cp = cupy()
-        index = gpu_for(local_rank, cp.cuda.runtime.getDeviceCount())
-        cp.cuda.Device(index).use()
+def use_gpu(local_rank: int) -> Optional[int]:
+    """Make GPU ``local_rank`` (modulo the GPUs visible) CuPy's current device; returns its
+    index, or None when CuPy is missing or sees no GPU (nothing is changed then)."""
+    if not cuda_available():
+        return None
+    cp = cupy()
+    index = gpu_for(local_rank, cp.cuda.runtime.getDeviceCount())
+    cp.cuda.Device(index).use()
     return index

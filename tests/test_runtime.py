@@ -1,5 +1,7 @@
 """init/shutdown, topology, process sets, join, async handles and failure handling."""
+import ast
 import importlib.util
+import pathlib
 import subprocess
 import sys
 
@@ -53,6 +55,28 @@ def test_import_does_not_load_mpi_or_tensorflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert out.strip() == "False False"
+
+
+FRONTENDS = ("tensorflow", "keras", "tf_dispatch")  # hvdlike's TF-facing modules, and TF itself
+
+
+def imported_modules(path: pathlib.Path):
+    """Every module a source file imports, relative ones with their dots (".x", "..y")."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            yield "." * node.level + (node.module or "")
+
+
+def test_the_core_imports_neither_tensorflow_nor_the_frontends():
+    package = pathlib.Path(__file__).resolve().parent.parent / "hvdlike"
+    core = [p for p in package.rglob("*.py") if p.relative_to(package).parts[0] not in
+            ("tensorflow", "keras", "__init__.py", "tf_dispatch.py")]
+    assert len(core) > 20 and package / "collectives.py" in core
+    upward = [(str(p.relative_to(package)), m) for p in core for m in imported_modules(p)
+              if any(part in FRONTENDS for part in m.lstrip(".").split("."))]
+    assert upward == []
 
 
 def test_shutdown_then_init_again_works_and_releases_process_sets():
