@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -21,12 +22,16 @@ CASES = Path(__file__).resolve().parent / "mpi_cases" / "run_func_cases.py"
 TIMEOUT = 120
 
 
-def run_case(case: str, np_: int, *where: str, command=lambda argv: argv) -> dict:
-    """Run a caller of hvdlike.run (a main script of its own) with a timeout; its JSON line."""
+def run_case(case: str, np_: int, *where: str, command=lambda argv: argv,
+             stderr: Optional[list] = None) -> dict:
+    """Run a caller of hvdlike.run (a main script of its own) with a timeout; its JSON line
+    (its stderr appended to ``stderr`` when given)."""
     job = subprocess.run(command([sys.executable, str(CASES), case, str(np_), *where]),
                          capture_output=True, text=True, timeout=TIMEOUT, check=False)
     lines = [line for line in job.stdout.splitlines() if line.startswith(case + " ")]
     assert job.returncode == 0 and len(lines) == 1, job.stdout[-3000:] + job.stderr[-3000:]
+    if stderr is not None:
+        stderr.append(job.stderr)
     return json.loads(lines[0][len(case) + 1:])
 
 
@@ -41,6 +46,15 @@ def test_every_ranks_return_value_comes_back_in_rank_order(np_):
     assert results == [{"rank": r, "size": np_, "sum": expected_sums(np_),
                          "host": socket.gethostname(), "caller": "127.0.0.1"}
                         for r in range(np_)]
+
+
+def test_horovod_run_arguments_without_an_equivalent_run_the_job_with_a_note():
+    """start_timeout bounds checks hvdlike does not make; use_gloo: the job runs on MPI."""
+    stderr: list = []
+    results = run_case("horovod_arguments", 2, stderr=stderr)
+    assert [r["sum"] for r in results] == [expected_sums(2)] * 2
+    assert "hvdlikerun: note: --start-timeout: no effect" in stderr[0]
+    assert "hvdlikerun: note: --gloo: hvdlike runs on MPI only: this job uses MPI" in stderr[0]
 
 
 def test_an_exception_on_one_rank_ends_the_job_and_is_raised_in_the_caller():
@@ -93,9 +107,6 @@ def _kill_group(pid: int) -> None:
 @pytest.mark.parametrize("arguments, says", [
     ({"num_proc": 0}, "num_proc must be a whole number >= 1, got 0"),
     ({"hosts": "a:1", "hostfile": "h"}, "give hosts or hostfile, not both"),
-    ({"use_gloo": True}, "hvdlike runs on MPI only"),
-    ({"use_mpi": False}, "hvdlike runs on MPI only"),
-    ({"start_timeout": 30}, "start_timeout: hvdlikerun has no start timeout"),
     ({"min_num_proc": 2}, "min_num_proc and max_num_proc .elastic training. are not"),
     ({"max_num_proc": 4}, "min_num_proc and max_num_proc .elastic training. are not"),
     ({"slots": 4}, "slots is for Horovod's host discovery"),

@@ -756,17 +756,9 @@ def test_horovodrun_launch_flags_become_hydra_options():
 
 
 @pytest.mark.parametrize("flag,words", [
-    (["--start-timeout", "30"], "`timeout N hvdlikerun ...` bounds the whole job"),
-    (["--gloo"], "hvdlike runs on MPI only"),
-    (["--gloo-timeout-seconds", "30"], "hvdlike runs on MPI only"),
     (["--fusion-threshold-mb", "big"], "--fusion-threshold-mb 'big' is not a number"),
-    (["--autotune-log-file", "/tmp/a.csv"], "hvdlike has no autotuning; set --fusion-"),
     (["--config-file", "hvd.yaml"], "reads no config file; give its settings as flags"),
-    (["--mpi-threads-disable"], "initialises MPI with MPI_THREAD_MULTIPLE"),
-    (["--thread-affinity", "1"], "bind the ranks with --binding-args instead"),
-    (["--num-nccl-streams", "2"], "NCCL collectives on one stream"),
     (["--jsrun"], "start them with jsrun yourself"),
-    (["--log-with-timestamp"], "--prefix-output-with-timestamp stamps every line"),
     (["--host-discovery-script", "d.sh"], "elastic mode has no host discovery"),
     (["--blacklist-cooldown-range", "60", "300"], "elastic mode has no host discovery"),
     (["--hierarchical-allreduce", "--no-hierarchical-allreduce"],
@@ -775,6 +767,25 @@ def test_horovodrun_launch_flags_become_hydra_options():
 def test_horovodrun_flags_without_an_equivalent_are_refused_with_a_reason(flag, words):
     done = run_launcher("-np", "2", *flag, "--dry-run", "python", "train.py")
     assert done.returncode == 2 and words in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("flags,note", [
+    (["--start-timeout", "30"], "--start-timeout: no effect: it bounds horovodrun's own checks"),
+    (["--gloo"], "--gloo: hvdlike runs on MPI only: this job uses MPI"),
+    (["--gloo-timeout-seconds", "30"], "--gloo-timeout-seconds: no effect: hvdlike runs on MPI"),
+    (["--autotune", "--autotune-log-file", "/tmp/a.csv"],
+     "--autotune, --autotune-log-file: hvdlike has no autotuning: the job runs with"),
+    (["--mpi-threads-disable"], "--mpi-threads-disable: no effect: hvdlike initialises MPI with"),
+    (["--thread-affinity", "1"], "--thread-affinity: no effect: hvdlike does not pin its engine"),
+    (["--num-nccl-streams", "2"], "--num-nccl-streams: no effect: hvdlike runs its NCCL"),
+    (["--log-with-timestamp"], "--log-with-timestamp: no effect: hvdlike's log lines"),
+])
+def test_horovodrun_tuning_flags_without_an_equivalent_run_the_job_with_a_note(flags, note):
+    """A Horovod job script keeps them: the same command as without them, and a note."""
+    done = run_launcher("-np", "2", *flags, "--dry-run", "python", "train.py")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == run_launcher("-np", "2", "--dry-run", "python", "train.py").stdout
+    assert f"hvdlikerun: note: {note}" in done.stderr
 
 
 def _dry_run(*flags: str, env: Optional[Mapping[str, str]] = None) -> Tuple[dict, List[str]]:

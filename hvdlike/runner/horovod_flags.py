@@ -2,8 +2,11 @@
 
 Tuning flags become the hvdlike setting they name (an environment variable every rank
 reads); launch flags become the MPI's own options; flags that change nothing under horovodrun
-with Open MPI or MPICH either are taken and change nothing here; every other flag with no
-equivalent is refused with what to do instead, never silently dropped.
+with Open MPI or MPICH either are taken and change nothing here; flags that change neither
+what a job computes nor where it runs but have no hvdlike equivalent (tuning, Gloo, timeouts
+of checks hvdlikerun does not make) are taken with a one-line note saying so, as the
+``HOROVOD_*`` variables of the same settings are; the others (launch and discovery mechanisms,
+config files) are refused with what to do instead. None is silently dropped.
 """
 import argparse
 import os
@@ -45,32 +48,40 @@ SWITCHES = {  # flags without a value -> (setting, value, help; None: hidden, as
 # accepted and without effect, as in horovodrun with Open MPI or MPICH, or already so here
 NO_EFFECT = ("--disable-cache", "--mpi", "--tcp", "--no-autotune", "--log-without-timestamp",
              "--log-hide-timestamp", "--no-mpi-threads-disable")
-_AUTOTUNE = "hvdlike has no autotuning; set --fusion-threshold-mb and --cycle-time-ms"
+_AUTOTUNE = ("hvdlike has no autotuning: the job runs with the fusion threshold and cycle time "
+             "it is given (--fusion-threshold-mb, --cycle-time-ms)")
 _DISCOVERY = ("hvdlike's elastic mode has no host discovery: it goes on with the survivors "
               "and, with --max-np, starts new ranks in place of the dead on the hosts it has "
               "(docs/reliability.md)")
+# taken, with this note (flag -> (takes a value, note))
+NOTED = {
+    "--start-timeout": (True, "no effect: it bounds horovodrun's own checks of the hosts (ssh, "
+                              "network interfaces) before the launch, which hvdlikerun does "
+                              "not make; the MPI launcher reports hosts it cannot reach, and "
+                              "`timeout N hvdlikerun ...` bounds the whole job"),
+    "--gloo": (False, "hvdlike runs on MPI only: this job uses MPI"),
+    "--gloo-timeout-seconds": (True, "no effect: hvdlike runs on MPI only"),
+    "--mpi-threads-disable": (False, "no effect: hvdlike initialises MPI with "
+                                     "MPI_THREAD_MULTIPLE, so your threads may call MPI "
+                                     "(mpi4py) next to its engine thread"),
+    "--num-nccl-streams": (True, "no effect: hvdlike runs its NCCL collectives on one stream"),
+    "--thread-affinity": (True, "no effect: hvdlike does not pin its engine thread; bind the "
+                                "ranks with --binding-args"),
+    "--log-with-timestamp": (False, "no effect: hvdlike's log lines carry no timestamp; "
+                                    "--prefix-output-with-timestamp stamps every line of "
+                                    "output"),
+    "--autotune": (False, _AUTOTUNE),
+    "--autotune-log-file": (True, _AUTOTUNE),
+    "--autotune-warmup-samples": (True, _AUTOTUNE),
+    "--autotune-steps-per-sample": (True, _AUTOTUNE),
+    "--autotune-bayes-opt-max-samples": (True, _AUTOTUNE),
+    "--autotune-gaussian-process-noise": (True, _AUTOTUNE),
+}
 REFUSED = {
-    "--start-timeout": "hvdlikerun has no start timeout; the MPI launcher reports ranks that "
-                       "cannot start, and `timeout N hvdlikerun ...` bounds the whole job",
-    "--gloo": "hvdlike runs on MPI only; drop the flag",
-    "--gloo-timeout-seconds": "hvdlike runs on MPI only; drop the flag",
     "--jsrun": "hvdlikerun starts ranks with mpirun or srun (--launcher); start them with "
                "jsrun yourself where you must: hvdlike.init() needs nothing from hvdlikerun",
     "--config-file": "hvdlikerun reads no config file; give its settings as flags or HVDLIKE_ "
                      "variables (README: Configuration)",
-    "--mpi-threads-disable": "hvdlike initialises MPI with MPI_THREAD_MULTIPLE: its engine "
-                             "thread and your threads may both call MPI; drop the flag",
-    "--num-nccl-streams": "hvdlike runs its NCCL collectives on one stream; drop the flag",
-    "--thread-affinity": "hvdlike does not pin its engine thread; bind the ranks with "
-                         "--binding-args instead",
-    "--log-with-timestamp": "hvdlike's log lines carry no timestamp; "
-                            "--prefix-output-with-timestamp stamps every line of output",
-    "--autotune": _AUTOTUNE,
-    "--autotune-log-file": _AUTOTUNE,
-    "--autotune-warmup-samples": _AUTOTUNE,
-    "--autotune-steps-per-sample": _AUTOTUNE,
-    "--autotune-bayes-opt-max-samples": _AUTOTUNE,
-    "--autotune-gaussian-process-noise": _AUTOTUNE,
     "--host-discovery-script": _DISCOVERY,
     "--slots-per-host": _DISCOVERY,
     "--elastic-timeout": _DISCOVERY,
@@ -113,12 +124,25 @@ def add_to(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--version", action="store_true", help="print hvdlike's version and exit")
     for flag in NO_EFFECT:
         group.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for flag, (takes_value, _) in NOTED.items():
+        group.add_argument(flag, default=None, help=argparse.SUPPRESS,
+                           **({"metavar": "VALUE"} if takes_value else {"action": "store_const",
+                                                                       "const": ""}))
     for flag in REFUSED:
         group.add_argument(flag, nargs="?", const="", default=None, help=argparse.SUPPRESS)
 
 
 def _attr(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
+
+
+def notes(args: argparse.Namespace) -> List[str]:
+    """One line for the flags given that are taken without an hvdlike equivalent, per note."""
+    flags_of: Dict[str, List[str]] = {}
+    for flag, (_, why) in NOTED.items():
+        if getattr(args, _attr(flag)) is not None:
+            flags_of.setdefault(why, []).append(flag)
+    return [f"{', '.join(flags)}: {why}" for why, flags in flags_of.items()]
 
 
 def refused(args: argparse.Namespace) -> Optional[str]:

@@ -26,7 +26,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import cloudpickle
 
-from .horovod_flags import REFUSED
 from .launch import _parse_hosts, end_process
 
 _ADDRESS = "HVDLIKE_RUN_ADDRESS"  # host:port the ranks connect back to
@@ -53,8 +52,9 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     names mean (``hosts``: ``host:slots,...``; ``mpi_args``: extra launcher arguments, one
     shell-quoted string; ``executable``: the Python the ranks run, default this one;
     ``np``: Horovod's old name of ``num_proc``). ``disable_cache`` changes nothing (hvdlike
-    caches no checks). Raises ValueError for arguments hvdlike cannot honour (``use_gloo``,
-    ``start_timeout``, ``min_num_proc``, ``max_num_proc``, ``slots``, ``reset_limit``,
+    caches no checks); ``start_timeout`` and ``use_gloo`` (or ``use_mpi=False``) change
+    nothing either, with hvdlikerun's note saying why. Raises ValueError for arguments hvdlike
+    cannot honour (``min_num_proc``, ``max_num_proc``, ``slots``, ``reset_limit``,
     ``cooldown_range``) and RuntimeError when
     ``func`` raised on a rank (naming the ranks, with the first one's traceback) or the job
     ended before every rank returned."""
@@ -64,17 +64,20 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
             "cannot start a job of its own (MPI does not launch a job from inside one). Call "
             "hvdlike.run from the caller only")
     num_proc = np if np is not None else num_proc
-    _check(num_proc, hosts, hostfile, use_mpi, use_gloo, start_timeout, slots, reset_limit,
-           cooldown_range, min_num_proc, max_num_proc)
+    _check(num_proc, hosts, hostfile, slots, reset_limit, cooldown_range, min_num_proc,
+           max_num_proc)
     flags = ["-np", str(num_proc)]
     for flag, value in (("--hosts", hosts), ("--hostfile", hostfile),
                         ("--output-filename", output_filename), ("--mpi-args", mpi_args),
                         ("--network-interface", network_interface), ("--ssh-port", ssh_port),
-                        ("--ssh-identity-file", ssh_identity_file)):
+                        ("--ssh-identity-file", ssh_identity_file),
+                        ("--start-timeout", start_timeout)):
         if value is not None:
             flags.append(f"{flag}={value}")
     if verbose:
         flags.append("--verbose")
+    if use_gloo or use_mpi is False:
+        flags.append("--gloo")  # hvdlikerun notes that the job uses MPI
     job = _payload(func, tuple(args), dict(kwargs or {}))
     key = os.urandom(32)
     local = hosts is None and hostfile is None
@@ -114,18 +117,13 @@ def _wait(launcher: "subprocess.Popen[bytes]") -> int:
         raise
 
 
-def _check(num_proc: Any, hosts: Any, hostfile: Any, use_mpi: Any, use_gloo: Any,
-           start_timeout: Any, slots: Any, reset_limit: Any, cooldown_range: Any,
-           min_num_proc: Any, max_num_proc: Any) -> None:
+def _check(num_proc: Any, hosts: Any, hostfile: Any, slots: Any, reset_limit: Any,
+           cooldown_range: Any, min_num_proc: Any, max_num_proc: Any) -> None:
     """ValueError for arguments that cannot be run, before anything starts."""
     if not isinstance(num_proc, int) or num_proc < 1:
         raise ValueError(f"hvdlike.run: num_proc must be a whole number >= 1, got {num_proc!r}")
     if hosts is not None and hostfile is not None:
         raise ValueError("hvdlike.run: give hosts or hostfile, not both")
-    if use_gloo or use_mpi is False:
-        raise ValueError(f"hvdlike.run: {REFUSED['--gloo']} (use_gloo, use_mpi=False)")
-    if start_timeout is not None:
-        raise ValueError(f"hvdlike.run: start_timeout: {REFUSED['--start-timeout']}")
     if min_num_proc is not None or max_num_proc is not None:
         raise ValueError("hvdlike.run: min_num_proc and max_num_proc (elastic training) are not "
                          "supported: it returns one value per rank of a fixed world. Run an "

@@ -64,6 +64,10 @@ def main() -> None:
         results = hvdlike.run(reduce_rank_arrays, args=(2.0,), kwargs={"offset": 1.0},
                               num_proc=np_, **where)
         print("returns " + json.dumps(results), flush=True)
+    elif case == "horovod_arguments":  # horovod.run's arguments without an hvdlike equivalent
+        results = hvdlike.run(reduce_rank_arrays, args=(2.0,), kwargs={"offset": 1.0},
+                              num_proc=np_, start_timeout=30, use_gloo=True, disable_cache=True)
+        print("horovod_arguments " + json.dumps(results), flush=True)
     elif case == "listens":
         print("listens " + json.dumps(hvdlike.run(caller_answers_at, num_proc=np_, **where)),
               flush=True)
