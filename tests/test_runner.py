@@ -757,7 +757,6 @@ def test_horovodrun_launch_flags_become_hydra_options():
 
 @pytest.mark.parametrize("flag,words", [
     (["--fusion-threshold-mb", "big"], "--fusion-threshold-mb 'big' is not a number"),
-    (["--config-file", "hvd.yaml"], "reads no config file; give its settings as flags"),
     (["--jsrun"], "start them with jsrun yourself"),
     (["--host-discovery-script", "d.sh"], "elastic mode has no host discovery"),
     (["--blacklist-cooldown-range", "60", "300"], "elastic mode has no host discovery"),
@@ -786,6 +785,66 @@ def test_horovodrun_tuning_flags_without_an_equivalent_run_the_job_with_a_note(f
     assert done.returncode == 0, done.stderr
     assert done.stdout == run_launcher("-np", "2", "--dry-run", "python", "train.py").stdout
     assert f"hvdlikerun: note: {note}" in done.stderr
+
+
+HOROVOD_CONFIG = """
+controller: mpi
+params:
+  fusion_threshold_mb: 32
+  cycle_time_ms: 2.5
+  cache_capacity: 2048
+  hierarchical_allreduce: false
+timeline:
+  filename: /tmp/timeline.json
+  mark_cycles: true
+stall_check:
+  enabled: false
+  warning_time_seconds: 30
+library_options:
+  num_nccl_streams: 2
+logging:
+  level: INFO
+parms:
+  cycle_time_ms: 9
+"""
+
+
+def test_horovodrun_config_file_stands_for_its_flags_and_the_command_line_wins(tmp_path):
+    config = tmp_path / "hvd.yaml"
+    config.write_text(HOROVOD_CONFIG)
+    from_file = run_launcher("-np", "2", "--config-file", str(config), "--cycle-time-ms", "7",
+                             "--hierarchical-allreduce", "--dry-run", "python", "train.py")
+    as_flags = run_launcher("-np", "2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "7",
+                            "--cache-capacity", "2048", "--hierarchical-allreduce",
+                            "--timeline-filename", "/tmp/timeline.json", "--timeline-mark-cycles",
+                            "--no-stall-check", "--stall-check-warning-time-seconds", "30",
+                            "--num-nccl-streams", "2", "--log-level", "INFO", "--dry-run",
+                            "python", "train.py")
+    assert from_file.returncode == 0, from_file.stderr
+    assert from_file.stdout == as_flags.stdout
+    assert "HVDLIKE_CYCLE_TIME=7 " in from_file.stdout  # the command line's, not the file's
+    assert "HVDLIKE_HIERARCHICAL_ALLREDUCE=1 " in from_file.stdout
+    assert "--num-nccl-streams: no effect" in from_file.stderr  # noted as the flag is
+    assert "parms is no horovodrun setting (did you mean params?); left out" in from_file.stderr
+
+
+@pytest.mark.parametrize("text,says", [
+    ("params:\n  hierarchical_allreduce: maybe\n",
+     "params.hierarchical_allreduce: expected true or false, found 'maybe'"),
+    ("params:\n  fusion_threshold_mb: big\n",
+     "params.fusion_threshold_mb: expected a number, found 'big'"),
+    ("params: [1\n", "is not valid YAML"),
+    ("- params\n", "expected sections such as 'params:' at the top, found a list"),
+    ("controller: nccl\n", "controller: 'nccl' is not one of mpi, gloo"),
+    (None, "No such file or directory"),
+])
+def test_a_config_file_hvdlikerun_cannot_read_is_refused_with_what_is_wrong(tmp_path, text, says):
+    config = tmp_path / "hvd.yaml"
+    if text is not None:
+        config.write_text(text)
+    done = run_launcher("-np", "2", "--config-file", str(config), "--dry-run", "python", "x.py")
+    assert done.returncode == 2 and f"--config-file {config}" in done.stderr
+    assert says in done.stderr, done.stderr
 
 
 def _dry_run(*flags: str, env: Optional[Mapping[str, str]] = None) -> Tuple[dict, List[str]]:

@@ -5,8 +5,9 @@ reads); launch flags become the MPI's own options; flags that change nothing und
 with Open MPI or MPICH either are taken and change nothing here; flags that change neither
 what a job computes nor where it runs but have no hvdlike equivalent (tuning, Gloo, timeouts
 of checks hvdlikerun does not make) are taken with a one-line note saying so, as the
-``HOROVOD_*`` variables of the same settings are; the others (launch and discovery mechanisms,
-config files) are refused with what to do instead. None is silently dropped.
+``HOROVOD_*`` variables of the same settings are; the others (launch and discovery mechanisms)
+are refused with what to do instead. None is silently dropped. ``--config-file`` reads a
+horovodrun YAML file as the flags its keys stand for (``config_file.py``).
 """
 import argparse
 import os
@@ -80,8 +81,6 @@ NOTED = {
 REFUSED = {
     "--jsrun": "hvdlikerun starts ranks with mpirun or srun (--launcher); start them with "
                "jsrun yourself where you must: hvdlike.init() needs nothing from hvdlikerun",
-    "--config-file": "hvdlikerun reads no config file; give its settings as flags or HVDLIKE_ "
-                     "variables (README: Configuration)",
     "--host-discovery-script": _DISCOVERY,
     "--slots-per-host": _DISCOVERY,
     "--elastic-timeout": _DISCOVERY,
@@ -122,6 +121,9 @@ def add_to(parser: argparse.ArgumentParser) -> None:
                        help="print the frameworks, controllers and tensor operations this "
                             "installation can run, and exit")
     group.add_argument("--version", action="store_true", help="print hvdlike's version and exit")
+    group.add_argument("--config-file", metavar="FILE",
+                       help="horovodrun's YAML file of settings (params, timeline, stall_check, "
+                            "...); flags given here win over it")
     for flag in NO_EFFECT:
         group.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag, (takes_value, _) in NOTED.items():
@@ -134,6 +136,28 @@ def add_to(parser: argparse.ArgumentParser) -> None:
 
 def _attr(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
+
+
+def apply_config_file(args: argparse.Namespace) -> List[str]:
+    """Set the flags ``--config-file`` stands for on ``args``, except where the command line
+    gave the flag or its opposite; the notes on the file's keys that were left out.
+    ValueError for a file that cannot be read as horovodrun's."""
+    from . import config_file
+
+    settings, notes = config_file.read(args.config_file)
+    for flag, value, overridden_by in settings:
+        if not any(getattr(args, _attr(f)) not in (None, False) for f in overridden_by):
+            setattr(args, _attr(flag), _parsed(flag, value))
+    return notes
+
+
+def _parsed(flag: str, value: Optional[str]) -> Any:
+    """What argparse stores for ``flag`` given with ``value``."""
+    if flag in SETTINGS:
+        return value
+    if flag in NOTED:
+        return value if NOTED[flag][0] else ""
+    return True  # SWITCHES and NO_EFFECT
 
 
 def notes(args: argparse.Namespace) -> List[str]:

@@ -436,7 +436,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     why = horovod_flags.refused(args)
     if why:
         parser.error(why)
-    for note in horovod_flags.notes(args):
+    try:
+        notes = horovod_flags.apply_config_file(args) if args.config_file else []
+    except ValueError as exc:
+        parser.error(str(exc))
+    for note in notes + horovod_flags.notes(args):
         print(f"hvdlikerun: note: {note}", file=sys.stderr, flush=True)
     if args.abort_timeout < 0:
         parser.error(f"--abort-timeout must be 0 or more seconds, got {args.abort_timeout:g}")
