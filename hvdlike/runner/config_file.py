@@ -73,7 +73,7 @@ def read(path: str) -> Tuple[List[Setting], List[str]]:
     if not isinstance(config, dict):
         raise ValueError(f"--config-file {path}: expected sections such as 'params:' at the "
                          f"top, found a {type(config).__name__}")
-    flags: List[Tuple[str, Optional[str]]] = []
+    flags: List[Setting] = []
     notes: List[str] = []
     for section, body in config.items():
         if section == "controller":
