@@ -63,8 +63,9 @@ NOTED = {
     "--gloo": (False, "hvdlike runs on MPI only: this job uses MPI"),
     "--gloo-timeout-seconds": (True, "no effect: hvdlike runs on MPI only"),
     "--mpi-threads-disable": (False, "no effect: hvdlike initialises MPI with "
-                                     "MPI_THREAD_MULTIPLE, so your threads may call MPI "
-                                     "(mpi4py) next to its engine thread"),
+                                     "MPI_THREAD_MULTIPLE (its engine has a thread of its "
+                                     "own); for your own mpi4py calls next to it see "
+                                     "hvdlike.exclusive_mpi() in docs/multinode.md"),
     "--num-nccl-streams": (True, "no effect: hvdlike runs its NCCL collectives on one stream"),
     "--thread-affinity": (True, "no effect: hvdlike does not pin its engine thread; bind the "
                                 "ranks with --binding-args"),
