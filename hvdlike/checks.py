@@ -55,7 +55,9 @@ def resolve(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]],
     or raise the same exception on every rank. ``ranks``: the world rank of each answer (the
     process set's members), which the messages name."""
     active = [(r, a[0], a[1]) for r, a in zip(ranks, answers) if a is not None]
-    what = f"hvdlike.{active[0][1].kind}"
+    name = active[0][1].name
+    what = f"hvdlike.{active[0][1].kind}" + (
+        f" {name!r}" if name and not name.startswith("noname.") else "")  # given names only
     errors = [(r, e) for r, _, e in active if e is not None]
     if errors:
         etype = _ERROR_TYPES.get(errors[0][1][0], ValueError)

@@ -5,10 +5,12 @@ from mpi_harness import run_mpi
 
 # case -> (exception type, words the message must contain)
 EXPECTED = {
-    "shape_mismatch": ("CollectiveMismatchError", ["shape", "rank 0 has (3,)", "rank 1 has (4,)"]),
+    "shape_mismatch": ("CollectiveMismatchError", ["hvdlike.allreduce: ranks called it with",
+                                                   "shape", "rank 0 has (3,)", "rank 1 has (4,)"]),
     "dtype_mismatch": ("CollectiveMismatchError", ["dtype", "float32", "float64"]),
     "op_mismatch": ("CollectiveMismatchError", ["op", "Sum", "Max"]),
-    "same_name_shape_mismatch": ("CollectiveMismatchError", ["shape", "rank 0 has (3,)",
+    "same_name_shape_mismatch": ("CollectiveMismatchError", ["hvdlike.allreduce 'grad': ranks",
+                                                             "shape", "rank 0 has (3,)",
                                                              "matched by name"]),
     "root_mismatch": ("CollectiveMismatchError", ["root"]),
     "root_out_of_range": ("ValueError", ["root_rank", "is not a rank of"]),
@@ -27,7 +29,8 @@ EXPECTED = {
     "grouped_length_mismatch": ("CollectiveMismatchError", ["shape"]),
     "reducescatter_scalar": ("ValueError", ["scalar"]),
     "different_collectives": ("CollectiveMismatchError", ["kind", "allgather", "allreduce"]),
-    "named_dtype_mismatch_async": ("CollectiveMismatchError", ["dtype", "int32", "int64"]),
+    "named_dtype_mismatch_async": ("CollectiveMismatchError", ["hvdlike.allreduce 'g': ranks",
+                                                               "dtype", "int32", "int64"]),
     "broadcast_object_unpicklable_on_root": ("TypeError", ["broadcast_object",
                                                             "rank 0 cannot be pickled"]),
     "allgather_object_unpicklable_one_rank": ("TypeError", ["allgather_object",

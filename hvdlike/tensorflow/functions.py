@@ -18,7 +18,7 @@ def _fused_broadcast(root_rank, process_set):
         for dt, idx in sorted(by_dtype.items(), key=lambda kv: kv[0].str):
             flat = np.concatenate([np.ravel(arrays[i]) for i in idx])
             pending.append((idx, _core.broadcast_async(
-                flat, root_rank, name=f"broadcast_variables/{dt.str}", process_set=process_set)))
+                flat, root_rank, name=f"broadcast_variables/{dt.name}", process_set=process_set)))
 
         def wait():
             out = [None] * len(arrays)

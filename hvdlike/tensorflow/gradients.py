@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence
 import tensorflow as tf
 
 import hvdlike as _core
-from hvdlike import runtime as _runtime
+from hvdlike import process_sets as _process_sets, runtime as _runtime
 from hvdlike import Adasum, Average, Sum
 from hvdlike.reduce_ops import as_reduce_op
 
@@ -214,6 +214,9 @@ class GradientReducer:
     def reduce(self, grads: Any, variables: Optional[Sequence[Any]] = None) -> Any:
         """Return the reduced gradients (same structure, ``None`` kept); the gradients of
         registered local variables are not reduced."""
+        what = f"hvdlike.tensorflow.{self.owner}"
+        _runtime.state(what)  # not initialized: an error, not gradients left local
+        _process_sets.require_registered(self.process_set, what)
         grads = list(grads)
         if self.local and variables is not None:
             local = {i for i, v in enumerate(variables) if self.is_local(v)}

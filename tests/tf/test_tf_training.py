@@ -4,9 +4,13 @@ Each rank also trains the single-process reference (global batch) and compares:
 equivalence to rtol 1e-5 in float32 for SGD and Adam, with fit and a custom loop; at np=4
 with every all-reduce through the on-node shared-memory transport.
 """
+import os
+import subprocess
+import sys
+
 import pytest
 
-from mpi_harness import run_script_once
+from mpi_harness import REPO, run_script_once
 
 CHECKS = [
     "fit_sgd_np_equals_single_process_global_batch",
@@ -64,3 +68,39 @@ def test_tf_training_check_passes_on_every_rank(world, check):
 def test_tf_training_job_exits_cleanly(world):
     res = _job(world)
     assert res.returncode == 0, res.output[-6000:]
+
+
+NOT_INITIALIZED = """
+import numpy as np, keras, tensorflow as tf
+import hvdlike.keras as hvd
+
+def tape():
+    w = tf.Variable([1.0, 2.0])
+    with tf.GradientTape() as t:
+        loss = tf.reduce_sum(w * w)
+    hvd.DistributedGradientTape(t).gradient(loss, [w])
+
+def fit():
+    m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    m.fit(np.ones((8, 3)), np.ones((8, 1)), verbose=0)
+
+for what, step in [("tape", tape), ("fit", fit)]:
+    try:
+        step()
+        print(what, "no error")
+    except hvd.NotInitializedError as e:
+        print(what, e)
+"""
+
+
+def test_gradients_reduced_before_init_raise_instead_of_staying_local():
+    """Without hvd.init() the tape and the optimizer used to hand back each rank's own
+    gradients, so ranks trained apart with no error; Horovod raises, and so does hvdlike."""
+    done = subprocess.run([sys.executable, "-c", NOT_INITIALIZED], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                                                          PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    for what, owner in (("tape", "DistributedGradientTape"), ("fit", "DistributedOptimizer")):
+        assert (f"{what} hvdlike has not been initialized: call hvdlike.init() before "
+                f"hvdlike.tensorflow.{owner}.") in done.stdout.splitlines(), done.stdout

@@ -129,6 +129,19 @@ def _by_hand(process_set_id):
     return ps
 
 
+def _tape_gradient(process_set):
+    w = tf.Variable([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * w) * (r + 1)
+    return hvd.DistributedGradientTape(tape, process_set=process_set).gradient(loss, [w])
+
+
+def _optimizer_step(process_set):
+    w = tf.Variable([1.0, 2.0])
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), process_set=process_set)
+    opt.apply_gradients([(tf.ones([2]) * (r + 1), w)])
+
+
 @check("unpicklable_object_and_bad_process_sets_raise_on_every_rank")
 def _():
     for what, fn, text in [
@@ -138,6 +151,11 @@ def _():
          "is not registered"),
         ("id set by hand", lambda: hvd.allreduce(tf.ones([2]), process_set=_by_hand(10)),
          "is not registered"),
+        # the gradients' reduction, too: before, they stayed local with no error
+        ("tape, unregistered", lambda: _tape_gradient(hvd.ProcessSet(range(n))),
+         "is not registered"),
+        ("optimizer, unregistered", lambda: _optimizer_step(hvd.ProcessSet(range(n))),
+         "is not registered"),
     ]:
         try:
             fn()
@@ -145,6 +163,14 @@ def _():
         except (ValueError, TypeError) as e:
             outcome = "error" if text in str(e) else str(e)
         assert hvdlike.allgather_object(outcome) == ["error"] * n, (what, outcome)
+    if n > 1:  # different models on the ranks: the error names the fused broadcast
+        try:
+            hvd.broadcast_variables([tf.Variable(tf.zeros([2 + r]))], root_rank=0)
+            outcome = "no error"
+        except tf.errors.FailedPreconditionError as e:
+            named = "'broadcast_variables/float32': ranks called it with different" in str(e)
+            outcome = "error" if named else str(e)
+        assert hvdlike.allgather_object(outcome) == ["error"] * n, ("models differ", outcome)
     ps = hvd.add_process_set([0])
     hvd.remove_process_set(ps)
     for compiled in (False, True):
