@@ -4,9 +4,8 @@ from typing import List
 
 class NotInitializedError(ValueError):
     """A collective or query was called before ``hvdlike.init()``."""
-
-    def __init__(self, what: str = "this call") -> None:
-        super().__init__(f"hvdlike has not been initialized: call hvdlike.init() before {what}.")
+    # built from its whole message, as ValueError: Keras re-creates an error raised in a
+    # layer's call from the message with the call's context added
 
 
 class CollectiveMismatchError(ValueError):

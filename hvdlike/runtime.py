@@ -59,7 +59,8 @@ _atexit_registered: List[bool] = []
 def state(what: str = "this call") -> _State:
     """The running state, or NotInitializedError naming ``what`` was called too early."""
     if _state is None:
-        raise NotInitializedError(what)
+        raise NotInitializedError(
+            f"hvdlike has not been initialized: call hvdlike.init() before {what}.")
     return _state
 
 

@@ -107,8 +107,11 @@ class CollectiveInputError(tf.errors.InvalidArgumentError, ValueError):
     and as TensorFlow reports the same error from a graph, and a ``ValueError`` as hvdlike's
     NumPy API raises it."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(None, None, message)
+    def __init__(self, *args: Any) -> None:
+        # (message), or TensorFlow's (node_def, op, message[, error_code]): Keras re-creates
+        # an error raised in a layer's call that way, to add the layer to its message
+        node_def, op, message = (None, None, args[0]) if len(args) == 1 else args[:3]
+        super().__init__(node_def, op, message)
 
 
 def _outputs(wait):
@@ -121,6 +124,8 @@ def _outputs(wait):
         return wait()
     except _core.CollectiveMismatchError as exc:
         raise _same_quiet(mismatch_error(str(exc)), exc) from exc
+    except _core.NotInitializedError:
+        raise  # as it is: Horovod raises a ValueError there too
     except ValueError as exc:
         raise _same_quiet(CollectiveInputError(str(exc)), exc) from exc
 
@@ -688,6 +693,7 @@ def _int_op(value, name):
 
 
 def _process_set(process_set_id, what):
+    _runtime.state(f"hvdlike.tensorflow.{what}")
     ps = _process_sets._registry.get(process_set_id)
     if ps is None:
         raise ValueError(f"hvdlike.tensorflow.{what}: no process set has id {process_set_id}; "

@@ -4,6 +4,7 @@ Each rank also trains the single-process reference (global batch) and compares:
 equivalence to rtol 1e-5 in float32 for SGD and Adam, with fit and a custom loop; at np=4
 with every all-reduce through the on-node shared-memory transport.
 """
+import json
 import os
 import subprocess
 import sys
@@ -71,8 +72,10 @@ def test_tf_training_job_exits_cleanly(world):
 
 
 NOT_INITIALIZED = """
+import json
 import numpy as np, keras, tensorflow as tf
 import hvdlike.keras as hvd
+import hvdlike.tensorflow as hvd_tf
 
 def tape():
     w = tf.Variable([1.0, 2.0])
@@ -85,22 +88,36 @@ def fit():
     m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
     m.fit(np.ones((8, 3)), np.ones((8, 1)), verbose=0)
 
-for what, step in [("tape", tape), ("fit", fit)]:
+steps = {"tape": tape, "fit": fit,
+         "sync_batch_norm": lambda: hvd.SyncBatchNormalization()(tf.ones([4, 3]), training=True),
+         "shard_dataset": lambda: hvd.shard_dataset(tf.data.Dataset.range(4)),
+         "size_op": lambda: hvd_tf.size_op()}
+seen = {}
+for what, step in steps.items():
     try:
         step()
-        print(what, "no error")
+        seen[what] = "no error"
     except hvd.NotInitializedError as e:
-        print(what, e)
+        seen[what] = str(e)
+print(json.dumps(seen))
 """
 
 
-def test_gradients_reduced_before_init_raise_instead_of_staying_local():
+def test_calls_before_init_raise_not_initialized_instead_of_running_apart():
     """Without hvd.init() the tape and the optimizer used to hand back each rank's own
-    gradients, so ranks trained apart with no error; Horovod raises, and so does hvdlike."""
+    gradients, so ranks trained apart with no error; SyncBatchNormalization failed with an
+    unrelated TypeError, shard_dataset with TensorFlow's zero shards. Horovod raises."""
     done = subprocess.run([sys.executable, "-c", NOT_INITIALIZED], capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                                                           PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stderr[-3000:]
-    for what, owner in (("tape", "DistributedGradientTape"), ("fit", "DistributedOptimizer")):
-        assert (f"{what} hvdlike has not been initialized: call hvdlike.init() before "
-                f"hvdlike.tensorflow.{owner}.") in done.stdout.splitlines(), done.stdout
+    seen = json.loads(done.stdout.splitlines()[-1])
+    before = "hvdlike has not been initialized: call hvdlike.init() before "
+    assert seen == {
+        "tape": before + "hvdlike.tensorflow.DistributedGradientTape.",
+        "fit": before + "hvdlike.tensorflow.DistributedOptimizer.",
+        "sync_batch_norm": seen["sync_batch_norm"],  # Keras adds the layer's call around it
+        "shard_dataset": before + "hvdlike.tensorflow.shard_dataset.",
+        "size_op": before + "hvdlike.tensorflow.size_op."}, seen
+    assert before + "hvdlike.allreduce()." in seen["sync_batch_norm"]
+    assert "SyncBatchNormalization.call()" in seen["sync_batch_norm"]

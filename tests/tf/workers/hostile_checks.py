@@ -156,6 +156,10 @@ def _():
          "is not registered"),
         ("optimizer, unregistered", lambda: _optimizer_step(hvd.ProcessSet(range(n))),
          "is not registered"),
+        # raised in a Keras layer's call: Keras re-creates the error with its context
+        ("sync batch norm, unregistered", lambda: hvd.SyncBatchNormalization(
+            process_set=hvd.ProcessSet(range(n)))(tf.ones([4, 3]), training=True),
+         "is not registered"),
     ]:
         try:
             fn()
