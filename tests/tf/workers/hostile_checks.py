@@ -201,6 +201,13 @@ def _():
             except tf.errors.InvalidArgumentError as e:
                 outcome = "member" if f"rank {r} is not a member" in str(e) else str(e)
         assert hvdlike.allgather_object(outcome) == ["member"] * n, ("outside", outcome)
+        outcome = "member" if r == 0 else "no error"
+        if r != 0:  # a rank outside the set has no shard of it
+            try:
+                hvd.shard_dataset(tf.data.Dataset.range(8), process_set=ps)
+            except ValueError as e:
+                outcome = "member" if f"rank {r} is not a member" in str(e) else str(e)
+        assert hvdlike.allgather_object(outcome) == ["member"] * n, ("shard outside", outcome)
         hvd.remove_process_set(ps)
 
 
