@@ -7,12 +7,14 @@ submitted as soon as backprop has computed it, so communication overlaps the res
 backward pass (see :func:`allreduce_gradients`).  ``None`` gradients stay ``None``.
 ``tf.IndexedSlices`` are allgathered (values and indices) unless ``sparse_as_dense=True``.
 """
-from typing import Any, List, Optional, Sequence
+import weakref
+from typing import Any, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import process_sets as _process_sets, runtime as _runtime
+from hvdlike.log import logger as _logger
 from hvdlike import Adasum, Average, Sum
 from hvdlike.reduce_ops import as_reduce_op
 
@@ -31,6 +33,26 @@ def backward_passes(value: Any) -> int:
         raise ValueError("hvdlike DistributedOptimizer: backward_passes_per_step must be >= 1 "
                          f"(got {value}).")
     return int(value)
+
+
+# The gradients DistributedGradientTapes returned reduced, by id, held weakly: handing them to
+# a DistributedOptimizer reduces them a second time, which gets a warning.
+_TAPE_RESULTS: Dict[int, Any] = {}
+
+
+def remember_tape_results(inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
+    """Note the gradients a DistributedGradientTape returned reduced (new tensors for
+    ``inputs``)."""
+    for before, after in zip(inputs, outputs):
+        if after is None or after is before:
+            continue
+        key = id(after)
+        _TAPE_RESULTS[key] = weakref.ref(after, lambda _, key=key: _TAPE_RESULTS.pop(key, None))
+
+
+def _from_a_tape(gradient: Any) -> bool:
+    ref = _TAPE_RESULTS.get(id(gradient))
+    return ref is not None and ref() is gradient
 
 
 def variable_key(v: Any) -> Any:
@@ -145,6 +167,7 @@ class GradientReducer:
         self.owner = owner
         self.scale_local_gradients = bool(scale_local_gradients)
         self.local = set()  # refs of variables whose gradients stay local
+        self._warned_reduced_twice = False
 
     def register_local(self, variable: Any) -> None:
         """Leave ``variable``'s gradient unreduced (divided by the set size when
@@ -218,6 +241,14 @@ class GradientReducer:
         _runtime.state(what)  # not initialized: an error, not gradients left local
         _process_sets.require_registered(self.process_set, what)
         grads = list(grads)
+        if (self.owner != "DistributedGradientTape" and not self._warned_reduced_twice
+                and any(_from_a_tape(g) for g in grads)):
+            self._warned_reduced_twice = True
+            _logger.warning(
+                f"{what} was given gradients that a DistributedGradientTape already reduced: "
+                "they are reduced a second time (sent twice; with op=Sum multiplied by the "
+                "number of ranks again). Use a DistributedGradientTape with a plain "
+                "optimizer, or a plain tape with the DistributedOptimizer.")
         if self.local and variables is not None:
             local = {i for i, v in enumerate(variables) if self.is_local(v)}
             if local:

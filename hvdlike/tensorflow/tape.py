@@ -7,7 +7,7 @@ from hvdlike import Average
 
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.compression import Compression
-from hvdlike.tensorflow.gradients import GradientReducer
+from hvdlike.tensorflow.gradients import GradientReducer, remember_tape_results
 
 
 class _DistributedGradientTape(tf.GradientTape):
@@ -29,6 +29,8 @@ class _DistributedGradientTape(tf.GradientTape):
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
         reduced = self._hvd_reducer.reduce(flat_grads, flat_sources)
+        shared = [i for i, s in enumerate(flat_sources) if not self._hvd_reducer.is_local(s)]
+        remember_tape_results([flat_grads[i] for i in shared], [reduced[i] for i in shared])
         return tf.nest.pack_sequence_as(grads, reduced)
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None):

@@ -30,6 +30,7 @@ CHECKS = [
     "learning_rate_warmup_and_schedule_callbacks",
     "load_model_restores_wrapped_optimizer_with_state",
     "bad_inputs_give_clear_errors",
+    "tape_results_given_to_a_distributed_optimizer_warn_once",
     "adasum_gradients_match_the_pairwise_tree_in_tape_optimizer_and_allreduce",
     "embedding_indexed_slices_gradients_match_reference",
     "mixed_precision_loss_scale_inside_outside_and_compile_wrapped",

@@ -419,6 +419,56 @@ def _():
                 assert isinstance(loaded.optimizer, keras.optimizers.Adam), name
 
 
+@check("tape_results_given_to_a_distributed_optimizer_warn_once")
+def _():
+    """A DistributedGradientTape's gradients handed to a DistributedOptimizer are reduced
+    twice (with op=Sum: size() times too large): one warning per optimizer, eager and in
+    tf.function; a plain optimizer, or a plain tape, gets none."""
+    import logging
+
+    class Seen(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    seen = Seen()
+    logging.getLogger("hvdlike").addHandler(seen)
+
+    def step(distributed_tape, distributed_optimizer, compiled):
+        w = tf.Variable([1.0, 2.0])
+        opt = keras.optimizers.SGD(1.0)
+        if distributed_optimizer:
+            opt = hvdk.DistributedOptimizer(opt, op=hvd.Sum)
+
+        def apply():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(w) * (r + 1)
+            if distributed_tape:
+                tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
+            opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+        for _ in range(2):  # the warning comes once per optimizer
+            (tf.function(apply) if compiled else apply)()
+        return w.numpy()
+
+    try:
+        total = n * (n + 1) / 2  # the Sum of the ranks' gradients (r + 1)
+        for compiled in (False, True):
+            before = len(seen.messages)
+            w = step(True, True, compiled)
+            warned = [m for m in seen.messages[before:] if "already reduced" in m]
+            assert len(warned) == (1 if n > 1 else 0), (compiled, seen.messages)
+            assert_close(w, np.array([1.0, 2.0]) - 2 * total * n, msg=f"twice {compiled}")
+            before = len(seen.messages)
+            assert_close(step(True, False, compiled), np.array([1.0, 2.0]) - 2 * total, msg="tape")
+            assert_close(step(False, True, compiled), np.array([1.0, 2.0]) - 2 * total, msg="opt")
+            assert len(seen.messages) == before, seen.messages
+    finally:
+        logging.getLogger("hvdlike").removeHandler(seen)
+
+
 @check("bad_inputs_give_clear_errors")
 def _():
     class NotKeras:
