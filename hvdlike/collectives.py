@@ -68,13 +68,9 @@ class _Inputs:
 
 def _engine(process_set: ProcessSet, kind: str) -> Any:
     st = runtime._state
-    if st is None:
-        st = runtime.state(f"hvdlike.{kind}()")
-    if process_set._comm is None:
-        what = f"hvdlike.{kind}()"
-        process_sets.require_registered(process_set, what)
-        raise ValueError(f"{what}: rank {st.rank} is not a member of {process_set}; only its "
-                         "member ranks may call collectives on it")
+    if st is None or process_set._comm is None:
+        st = process_sets.require_member(process_set, f"hvdlike.{kind}()",
+                                         "only its member ranks may call collectives on it")
     return st.engine
 
 

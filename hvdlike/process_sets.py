@@ -95,6 +95,17 @@ def require_registered(process_set: ProcessSet, what: str) -> None:
                          "hvdlike.add_process_set(...) on every rank first")
 
 
+def require_member(process_set: ProcessSet, what: str, why: str) -> "runtime._State":
+    """The running state, once this rank may use ``process_set``: NotInitializedError before
+    ``init``, ValueError naming ``what`` for a set that is not registered or that this rank is
+    not in (``why`` says what follows from that)."""
+    st = runtime.state(what)
+    if process_set._comm is None:
+        require_registered(process_set, what)
+        raise ValueError(f"{what}: rank {st.rank} is not a member of {process_set}; {why}")
+    return st
+
+
 def _world_ranks(comm: Any, st: "runtime._State") -> Optional[List[int]]:
     """The members of an mpi4py communicator as ranks of hvdlike's world (None for
     ``MPI.COMM_NULL``: this rank is in no such set)."""

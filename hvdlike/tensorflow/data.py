@@ -14,7 +14,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 import hvdlike as _core
-from hvdlike import process_sets as _process_sets, runtime as _runtime
+from hvdlike import process_sets as _process_sets
 
 
 def shard_dataset(dataset: Any, policy: str = "DATA", num_shards: Optional[int] = None,
@@ -32,13 +32,9 @@ def shard_dataset(dataset: Any, policy: str = "DATA", num_shards: Optional[int] 
         raise ValueError(f"hvdlike shard_dataset: policy must be 'DATA' or 'FILE' (got "
                          f"{policy!r}); 'AUTO'/'HINT' are not supported.")
     if num_shards is None or index is None:  # from the process set: it must be usable here
-        what = "hvdlike.tensorflow.shard_dataset"
-        st = _runtime.state(what)
-        _process_sets.require_registered(process_set, what)
-        if not process_set.included():
-            raise ValueError(f"{what}: rank {st.rank} is not a member of {process_set}, so "
-                             "it has no shard of it; pass num_shards and index, or shard "
-                             "only on the set's ranks")
+        _process_sets.require_member(process_set, "hvdlike.tensorflow.shard_dataset",
+                                     "it has no shard of it: pass num_shards and index, or "
+                                     "shard only on the set's ranks")
     n = process_set.size() if num_shards is None else int(num_shards)
     i = process_set.rank() if index is None else int(index)
     if policy == "FILE":
