@@ -50,6 +50,18 @@ def loss_scale_optimizer_class() -> type:
     return k.mixed_precision.LossScaleOptimizer
 
 
+def keras3_auto_jit_owner() -> Any:
+    """The Keras 3 class whose ``_resolve_auto_jit_compile`` turns ``compile(jit_compile=
+    "auto")`` into on or off (private; found on ``keras.Model``'s bases so the module path
+    does not matter), or None with tf_keras or where Keras no longer has it."""
+    if use_legacy_keras():
+        return None
+    for cls in keras().Model.__mro__:
+        if "_resolve_auto_jit_compile" in vars(cls):
+            return cls
+    return None  # pragma: no cover - another Keras layout
+
+
 def tf_keras_loss_scale_module() -> Any:
     """tf_keras's LossScaleOptimizer module (private, the same path in tf_keras 2.16-2.21),
     or None with Keras 3 or where it is not found."""

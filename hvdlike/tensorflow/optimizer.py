@@ -5,7 +5,7 @@ built from ``opt.get_config()``; the subclass reduces the gradients across ranks
 (one fused allreduce per step) before the wrapped class applies them, so clipping,
 weight decay, loss scaling and EMA all see the averaged gradient.
 """
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 import tensorflow as tf
 
 import hvdlike as _core
@@ -381,6 +381,42 @@ def _agree_in_tf_keras():
 
 
 _agree_on_loss_scale_decisions()
+
+
+def _wraps_a_distributed_optimizer(optimizer: Any) -> bool:
+    """True for a distributed optimizer, also inside LossScaleOptimizers."""
+    while optimizer is not None:
+        if is_distributed_optimizer(optimizer):
+            return True
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return False
+
+
+def _auto_jit_off_when_distributed(local_resolve: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """Keras 3's resolution of ``jit_compile="auto"``, off for a model whose optimizer is
+    distributed (Keras itself resolves "auto" to off under tf.distribute); else Keras's."""
+    def _resolve_auto_jit_compile(self):
+        if _wraps_a_distributed_optimizer(getattr(self, "optimizer", None)):
+            return False
+        return local_resolve(self)
+
+    _resolve_auto_jit_compile._hvdlike_resolves = True
+    return _resolve_auto_jit_compile
+
+
+def _no_auto_xla_with_distributed_optimizers():
+    """Keras 3 resolves ``compile(jit_compile="auto")`` to XLA on a machine with a GPU, and
+    hvdlike's collectives cannot run inside XLA (the step would raise at trace time). With a
+    DistributedOptimizer "auto" now means off, as Keras does under tf.distribute for the same
+    reason; an explicit ``jit_compile=True`` still raises, saying what to do. Installed once."""
+    owner = compat.keras3_auto_jit_owner()
+    if owner is None or getattr(owner._resolve_auto_jit_compile, "_hvdlike_resolves", False):
+        return
+    owner._resolve_auto_jit_compile = _auto_jit_off_when_distributed(
+        owner._resolve_auto_jit_compile)
+
+
+_no_auto_xla_with_distributed_optimizers()
 
 
 def distributed_optimizer_classes(custom_optimizers: Optional[Sequence[type]] = None,

@@ -647,6 +647,28 @@ def _():
         set_policy("float32")
 
 
+if not compat.use_legacy_keras():  # tf_keras has no "auto": it compiles with XLA only if asked
+    @check("jit_compile_auto_is_off_with_a_distributed_optimizer")
+    def _():
+        """Keras 3 resolves compile(jit_compile="auto") to XLA on a machine with a GPU, where
+        the collectives cannot run: with a DistributedOptimizer (also inside a
+        LossScaleOptimizer) "auto" means off. Without a GPU Keras resolves "auto" to off
+        anyway, so Keras's GPU answer ("on") is a stand-in here, and the check also asserts
+        that the resolver Keras models call is hvdlike's."""
+        from hvdlike.tensorflow import optimizer as hvd_optimizer
+        on_a_gpu_machine = hvd_optimizer._auto_jit_off_when_distributed(lambda model: True)
+        LSO, SGD = keras.mixed_precision.LossScaleOptimizer, keras.optimizers.SGD
+        for opt, xla in ((SGD(0.1), True), (hvdk.DistributedOptimizer(SGD(0.1)), False),
+                         (LSO(hvdk.DistributedOptimizer(SGD(0.1))), False)):
+            m = make_model()
+            m.compile(optimizer=opt, loss="mse", jit_compile=False)
+            assert on_a_gpu_machine(m) is xla, (type(opt).__name__, xla)
+        assert getattr(keras.Model._resolve_auto_jit_compile, "_hvdlike_resolves", False)
+        m = fit_distributed(hvdk.DistributedOptimizer(SGD(0.1)))  # jit_compile="auto"
+        assert m.jit_compile is False
+        same_on_every_rank(m.get_weights(), "weights")
+
+
 @check("shard_dataset_data_and_file_policies")
 def _():
     ds = tf.data.Dataset.range(10 * n)
