@@ -71,14 +71,16 @@ class ProcessSet:
         """True when this process is a member of the set."""
         return self._comm is not None
 
-    def __repr__(self) -> str:
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+    def __repr__(self) -> str:  # Horovod's form
+        return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
+                f"mpi_comm={self.mpi_comm})")
 
 
 global_process_set = ProcessSet(())
 """All ranks of the world (id 0); bound by ``hvdlike.init()``."""
 
 _registry: Dict[int, ProcessSet] = {}
+_free_ids: List[int] = []  # ids of removed sets, given again first-removed first (as Horovod)
 
 
 def require_registered(process_set: ProcessSet, what: str) -> None:
@@ -273,6 +275,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         if process_set.process_set_id is None:
             return False
         st.engine.forget_set(process_set.process_set_id)
+        _free_ids.append(process_set.process_set_id)
         process_set._unbind()
         return True
 
@@ -280,11 +283,12 @@ def remove_process_set(process_set: ProcessSet) -> bool:
 
 
 def _bind_next(st: "runtime._State", ps: ProcessSet, ranks: List[int]) -> None:
-    """Register ``ps`` as the set of ``ranks`` with the next id and its communicator (in the
-    engine, on every rank alike)."""
+    """Register ``ps`` as the set of ``ranks`` with its communicator and the next id: a
+    removed set's, or one past the highest (in the engine, on every rank alike)."""
     member = st.rank in ranks
     comm = st.world.Split(color=0 if member else st.mpi.UNDEFINED, key=st.rank)
-    ps._bind(max(_registry) + 1, ranks, comm if member else None)
+    set_id = _free_ids.pop(0) if _free_ids else max(_registry) + 1
+    ps._bind(set_id, ranks, comm if member else None)
 
 
 def _in_engine(st: "runtime._State", change: Any) -> Any:
@@ -295,6 +299,7 @@ def _in_engine(st: "runtime._State", change: Any) -> Any:
 def _release_all() -> None:
     for ps in list(_registry.values()):
         ps._unbind()
+    _free_ids.clear()
 
 
 def _drop_all() -> None:
@@ -304,3 +309,4 @@ def _drop_all() -> None:
         _registry.pop(ps.process_set_id, None)
         ps.process_set_id, ps._comm, ps._rank, ps._shm = None, None, -1, None
         ps._cma = None
+    _free_ids.clear()

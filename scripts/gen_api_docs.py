@@ -53,7 +53,8 @@ def _signature(obj: Any) -> str:
     except (TypeError, ValueError):
         return ""
     # the global process set before init() prints as an empty set: name it instead
-    return text.replace("ProcessSet(process_set_id=None, ranks=[])", "global_process_set")
+    return text.replace("ProcessSet(process_set_id=None, ranks=[], mpi_comm=None)",
+                        "global_process_set")
 
 
 def _summary(obj: Any) -> str:

@@ -59,7 +59,7 @@ def test_non_member_rank_gets_a_local_error_and_members_proceed():
     results = run_mpi(2, "error_cases:not_a_member", timeout=60)
     assert results[0] == ("ok", "[1.0, 1.0]")
     assert results[1][0] == "ValueError"
-    assert "rank 1 is not a member of ProcessSet(process_set_id=1, ranks=[0])" in results[1][1]
+    assert "rank 1 is not a member of ProcessSet(process_set_id=1, ranks=[0], mpi_comm=None)" in results[1][1]
 
 
 def test_errors_on_a_process_set_name_the_ranks_by_their_world_rank():

@@ -54,6 +54,12 @@ def process_sets() -> Dict[str, Any]:
     out["removed"] = hvd.remove_process_set(odds)
     out["removed_again"] = hvd.remove_process_set(odds)
     out["global_sum"] = hvd.allreduce(np.array([1]), op=hvd.Sum).tolist()
+    hvd.remove_process_set(evens)  # removed ids come back first-removed first, as in Horovod
+    first, second = hvd.add_process_set([0]), hvd.add_process_set(odds)
+    out["reused_ids"] = (first.process_set_id, second.process_set_id)
+    out["str"] = str(first)
+    out["reused_sum"] = hvd.allreduce(np.array([rank]), op=hvd.Sum, process_set=second).tolist() \
+        if second.included() else None
     return out
 
 
