@@ -112,7 +112,11 @@ def test_variables_that_are_no_setting_are_reported_once_with_what_to_do():
         "HVDLIKE_FUSION_TRESHOLD is not an hvdlike setting and has no effect"], notes
     assert notes[0].startswith(f"HOROVOD_AUTOTUNE is ignored: {tuning}")
     assert notes[2] == "HOROVOD_CONTROLLER is ignored: hvdlike runs on MPI only"
-    assert notes[3] == "HOROVOD_ENABLE_XLA_OPS is ignored: hvdlike has no such setting"
+    assert notes[3] == ("HOROVOD_ENABLE_XLA_OPS is ignored: hvdlike's collectives cannot run "
+                        "inside XLA; compile with jit_compile=False")
+    assert with_horovod_names({"HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_FOO": "1"})[1] == [
+        "HOROVOD_DYNAMIC_PROCESS_SETS is ignored: process sets can always be added and removed "
+        "after init", "HOROVOD_FOO is ignored: hvdlike has no such setting"]
     assert notes[4].endswith("did you mean HVDLIKE_FUSION_THRESHOLD?")
     env = {"HVDLIKE_CONSISTENCY_CHECK": "0", "HVDLIKE_NO_SUCH_THING": "1"}
     assert with_horovod_names(env)[1] == [
