@@ -15,7 +15,15 @@ TensorFlow. Variants, each one timed "step" (all ranks start it after a barrier)
 * async_loop: 214 ``hvd.allreduce_async`` submits, then synchronize them all (what overlapping
               gradient all-reduce with backprop does);
 * flat:       one ``hvd.allreduce`` of a single float32 array of the same element count;
-* raw_flat:   raw mpi4py ``MPI.COMM_WORLD.Allreduce(flat, out, MPI.SUM)`` (the MPI baseline).
+* raw_flat:   raw mpi4py ``MPI.COMM_WORLD.Allreduce(flat, out, MPI.SUM)`` (the MPI baseline);
+* flat_4k:    flat, from an array on 4 KiB pages;
+* grouped_huge: grouped, from tensors that are views of one array on huge pages.
+
+The last two separate fusion from page size. NumPy asks for transparent huge pages for arrays
+of 4 MiB and more, so the flat array gets them and most of the 214 tensors do not; the
+single-copy transport's reads pin every page of the peers' inputs, which costs per page.
+TensorFlow's tensors, as hvdlike gets them, sit on 4 KiB pages whatever their size (measured
+on kernel 6.18, THP "madvise"): in training both the gradients and a flat buffer would.
 
 After ``--warmup`` untimed steps per variant, ``--repeats`` rounds run every variant once (the
 order alternates per round, so drift hits all alike); a step's time is the slowest rank's.
@@ -29,6 +37,7 @@ import argparse
 import datetime
 import json
 import math
+import mmap
 import os
 import socket
 import statistics
@@ -42,7 +51,7 @@ from mpi4py import MPI
 import hvdlike as hvd
 
 Shape = Tuple[int, ...]
-VARIANTS = ("grouped", "loop", "async_loop", "flat", "raw_flat")
+VARIANTS = ("grouped", "loop", "async_loop", "flat", "raw_flat", "flat_4k", "grouped_huge")
 TARGET_GROUPED_FLAT = 1.05
 TARGET_LOOP_GROUPED = 1.5
 
@@ -88,6 +97,43 @@ def make_inputs(shapes: List[Shape], scale: float, rank: int) -> List[np.ndarray
     return out
 
 
+def paged_copy(arrays: List[np.ndarray], huge: bool) -> List[np.ndarray]:
+    """Copies of ``arrays`` as views of one fresh anonymous mapping that the kernel is asked to
+    back with transparent huge pages (``huge``) or with 4 KiB pages only."""
+    step = 2 << 20
+    nbytes = sum(a.nbytes for a in arrays)
+    region = mmap.mmap(-1, nbytes + step, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    region.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
+    memory = np.frombuffer(region, np.uint8)
+    start = -memory.ctypes.data % step  # huge pages need 2 MiB-aligned addresses
+    out, at = [], start
+    for a in arrays:
+        view = memory[at:at + a.nbytes].view(a.dtype).reshape(a.shape)
+        view[...] = a
+        out.append(view)
+        at += a.nbytes
+    return out
+
+
+def huge_page_share(arrays: List[np.ndarray]) -> float:
+    """About how much of ``arrays``' bytes lie on transparent huge pages: the AnonHugePages of
+    the mappings that hold them (/proc/self/smaps; 0 where it cannot be read), over their size."""
+    spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in arrays]
+    huge, holds = 0, False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                first = line.split(" ", 1)[0]
+                if "-" in first and not first.endswith(":"):
+                    lo, hi = (int(x, 16) for x in first.split("-"))
+                    holds = any(s < hi and lo < e for s, e in spans)
+                elif holds and line.startswith("AnonHugePages:"):
+                    huge += int(line.split()[1]) * 1024
+    except OSError:
+        return 0.0
+    return min(1.0, huge / max(1, sum(a.nbytes for a in arrays)))
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,8 +149,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
-def variants(comm: MPI.Comm, tensors: List[np.ndarray], flat: np.ndarray,
-             out: np.ndarray) -> Dict[str, Callable[[], object]]:
+def variants(comm: MPI.Comm, tensors: List[np.ndarray], flat: np.ndarray, out: np.ndarray,
+             flat_4k: np.ndarray, tensors_huge: List[np.ndarray]
+             ) -> Dict[str, Callable[[], object]]:
     def loop() -> List[np.ndarray]:
         return [hvd.allreduce(t, op=hvd.Average, name=f"g{i}") for i, t in enumerate(tensors)]
 
@@ -123,13 +170,16 @@ def variants(comm: MPI.Comm, tensors: List[np.ndarray], flat: np.ndarray,
         "async_loop": async_loop,
         "flat": lambda: hvd.allreduce(flat, op=hvd.Average, name="flat"),
         "raw_flat": raw_flat,
+        "flat_4k": lambda: hvd.allreduce(flat_4k, op=hvd.Average, name="flat_4k"),
+        "grouped_huge": lambda: hvd.grouped_allreduce(tensors_huge, op=hvd.Average,
+                                                      name="grads_huge"),
     }
 
 
 def check(label: str, result: object, expected: List[np.ndarray], expected_flat: np.ndarray,
           n: int) -> Optional[str]:
     """None if ``result`` of variant ``label`` is right, else what is wrong."""
-    if label in ("flat", "raw_flat"):
+    if label in ("flat", "raw_flat", "flat_4k"):
         want = expected_flat * (n if label == "raw_flat" else 1)
         got = [np.asarray(result)]
         want_list = [want]
@@ -170,7 +220,7 @@ def plot(rows: Dict[str, Dict], title: str, path: str) -> None:
     med = [rows[k]["median_s"] * 1e3 for k in labels]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     bars = ax.bar(labels, med, color=["tab:blue", "tab:orange", "tab:green", "tab:purple",
-                                      "tab:gray"][:len(labels)])
+                                      "tab:gray", "tab:pink", "tab:cyan"][:len(labels)])
     ax.plot(labels, [rows[k]["best_s"] * 1e3 for k in labels], "k_", ms=20, mew=2, ls="none",
             label="best")
     ax.bar_label(bars, fmt="%.1f", fontsize=8)
@@ -195,7 +245,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     expected = [t / (rank + 1) * ((n + 1) / 2) for t in tensors]  # (n+1)/2*(i%7+1), exact
     expected_flat = np.concatenate([e.ravel() for e in expected])
     nbytes = flat.nbytes
-    fns = variants(comm, tensors, flat, out)
+    (flat_4k,) = paged_copy([flat], huge=False)
+    tensors_huge = paged_copy(tensors, huge=True)
+    fns = variants(comm, tensors, flat, out, flat_4k, tensors_huge)
+    inputs = {"grouped": tensors, "flat": [flat], "flat_4k": [flat_4k],
+              "grouped_huge": tensors_huge}
+    on_huge_pages = {k: huge_page_share(v) for k, v in inputs.items()}
     if rank == 0:
         print(f"bench_fusion: np={n}, {len(tensors)} tensors, {flat.size:,} float32 "
               f"({nbytes / 1e6:.1f} MB), scale {args.scale:g}, {args.warmup} warm-up + "
@@ -231,12 +286,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                "grouped_over_flat_met": gf <= TARGET_GROUPED_FLAT,
                "loop_over_grouped": lg, "loop_over_grouped_target": TARGET_LOOP_GROUPED,
                "loop_over_grouped_met": lg >= TARGET_LOOP_GROUPED}
+    same_pages = {"grouped_huge_over_flat": med["grouped_huge"] / med["flat"],
+                  "grouped_over_flat_4k": med["grouped"] / med["flat_4k"]}
     print()
     print(table(rows))
     print()
     print("times: per step, slowest rank; ratios are of median times; GB/s = 1e9 bytes/s")
     print(f"grouped / flat = {gf:.3f} (target <= {TARGET_GROUPED_FLAT})")
     print(f"loop / grouped = {lg:.3f} (target >= {TARGET_LOOP_GROUPED})")
+    print(f"on the same pages: grouped_huge / flat = {same_pages['grouped_huge_over_flat']:.3f}, "
+          f"grouped / flat_4k = {same_pages['grouped_over_flat_4k']:.3f} (inputs on huge pages, "
+          "rank 0: " + ", ".join(f"{k} {v:.0%}" for k, v in on_huge_pages.items()) + ")")
 
     env = {k: v for k, v in os.environ.items() if k.startswith("HVDLIKE_")}
     meta = {"np": n, "hostname": socket.gethostname(),
@@ -250,6 +310,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     base = os.path.join(args.out, f"bench_fusion_np{n}")
     with open(base + ".json", "w") as f:
         json.dump({"metadata": meta, "results": rows, "targets": targets,
+                   "same_pages": same_pages, "inputs_on_huge_pages": on_huge_pages,
                    "table_markdown": table(rows)}, f, indent=2)
     written = [base + ".json"]
     if not args.no_plot:

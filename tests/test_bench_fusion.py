@@ -6,7 +6,7 @@ import sys
 
 from mpi_harness import launch, run_script
 
-VARIANTS = {"grouped", "loop", "async_loop", "flat", "raw_flat"}
+VARIANTS = {"grouped", "loop", "async_loop", "flat", "raw_flat", "flat_4k", "grouped_huge"}
 
 
 def test_resnet50_shapes_match_keras_counts():
