@@ -294,9 +294,12 @@ class Engine:
             self._cv.notify()
 
     def forget_set(self, set_id: int) -> None:
-        """A process set is being removed (in a round, on every rank)."""
+        """A process set is being removed (in a round, on every rank). A later set may get its
+        id, with other members: its unnamed requests are numbered from 0 again."""
         self._neg.forget_set(set_id)
         execute_gpu.forget_set(set_id)
+        with self._qlock:
+            self._noname.pop(set_id, None)
 
     # ------------------------------------------------------------------ rounds
 

@@ -55,9 +55,11 @@ def process_sets() -> Dict[str, Any]:
     out["removed_again"] = hvd.remove_process_set(odds)
     out["global_sum"] = hvd.allreduce(np.array([1]), op=hvd.Sum).tolist()
     hvd.remove_process_set(evens)  # removed ids come back first-removed first, as in Horovod
-    first, second = hvd.add_process_set([0]), hvd.add_process_set(odds)
+    first, second = hvd.add_process_set([0]), hvd.add_process_set([0, 1])
     out["reused_ids"] = (first.process_set_id, second.process_set_id)
     out["str"] = str(first)
+    # second has evens' id: rank 0 made unnamed calls on evens, rank 1 none; an unnamed call
+    # must still pair up (the numbering of unnamed calls starts again with the new set)
     out["reused_sum"] = hvd.allreduce(np.array([rank]), op=hvd.Sum, process_set=second).tolist() \
         if second.included() else None
     return out
