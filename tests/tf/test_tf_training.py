@@ -45,12 +45,16 @@ GRADIENT_CHECKS = [c for c in CHECKS if "equals" in c or c.startswith((
     "op_sum", "compression", "embedding", "mixed_precision"))]
 # np4_shm: every all-reduce takes the on-node shared-memory transport (threshold 0); np2 keeps
 # the default (small messages through MPI). np2_no_overlap: the gradients of a compiled step
-# go to the engine together after backprop; that world changes only the gradients' path, so
-# it runs only the gradient checks.
+# go to the engine together after backprop; np2_single_copy: every all-reduce goes through
+# single copy (cross-memory attach; by default only buckets of 8 MiB and more, which these
+# small models never make). Those two worlds change only the gradients' path, so they run
+# only the gradient checks.
 WORLDS = {"np1_without_mpirun": (1, False, {}), "np2": (2, True, {}),
           "np4_shm": (4, True, {"HVDLIKE_SHM_THRESHOLD": "0"}),
-          "np2_no_overlap": (2, True, {"HVDLIKE_OVERLAP": "0"})}
-GRADIENT_WORLDS = ("np2_no_overlap",)
+          "np2_no_overlap": (2, True, {"HVDLIKE_OVERLAP": "0"}),
+          "np2_single_copy": (2, True, {"HVDLIKE_SHM_THRESHOLD": "0",
+                                        "HVDLIKE_CMA_THRESHOLD": "0"})}
+GRADIENT_WORLDS = ("np2_no_overlap", "np2_single_copy")
 
 
 def _job(world):
