@@ -46,6 +46,16 @@ def test_a_skipped_collective_ends_every_rank_with_a_message_naming_rank_and_ten
     assert waited <= 3 + 5, f"ended {waited:.1f} s after the stall began"
 
 
+def test_a_skipped_unnamed_collective_is_reported_with_a_hint_to_name_it():
+    job, waited = _run(2, "unnamed", 1, STALL)
+    assert job.returncode != 0
+    line = _shutdown_lines(job.output, 0)[0]
+    assert re.search(r"rank 0 has waited \S+ s for allreduce 'noname\.\d+', which ranks \[1\] "
+                     r"have not submitted; requests named 'noname.<k>' were submitted without a "
+                     r"name: .* pass name= to such calls", line), line
+    assert waited <= 3 + 5
+
+
 def test_a_late_rank_is_reported_once_and_the_job_goes_on():
     job, _ = _run(2, "late", 1, {"HVDLIKE_STALL_CHECK_TIME_SECONDS": "1"})
     assert job.returncode == 0, job.output[-3000:]

@@ -26,6 +26,10 @@ from .. import timeline
 from ..log import logger
 
 _MAX_LISTED = 10
+_UNNAMED = ("requests named 'noname.<k>' were submitted without a name: they pair up by the "
+            "order of each rank's unnamed calls on a process set, so a rank that made one "
+            "unnamed call more or fewer than the others (or made them from several threads) "
+            "leaves the ranks waiting on different numbers; pass name= to such calls")
 
 
 class Stalled(NamedTuple):
@@ -53,6 +57,8 @@ def describe(stalled: Sequence[Stalled]) -> str:
                        f"{name!r}{where}, which ranks {list(missing)} have not submitted")
     if len(groups) > _MAX_LISTED:
         clauses.append(f"... and {len(groups) - _MAX_LISTED} more")
+    if any(s.name.startswith("noname.") for s in stalled):
+        clauses.append(_UNNAMED)
     return "; ".join(clauses)
 
 

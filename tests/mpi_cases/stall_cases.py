@@ -5,6 +5,7 @@ other ranks wait for. Modes:
 
 * ``cached``: the tensor ran twice before (the engine has it cached), then MISSING sleeps;
 * ``new``: a name never seen before;
+* ``unnamed``: a collective without a name;
 * ``late``: MISSING comes 2.5 s late; everyone prints the result;
 * ``process_set``: a collective of the process set [1, 2, 3] that MISSING skips;
 * ``stopped``: MISSING stops its whole process (SIGSTOP), engine included;
@@ -27,7 +28,7 @@ rank = hvd.rank()
 process_set = hvd.global_process_set
 if mode == "process_set":
     process_set = hvd.add_process_set([1, 2, 3])
-name = "layer1/kernel" if mode != "new" else "a_new_name"
+name = {"new": "a_new_name", "unnamed": None}.get(mode, "layer1/kernel")
 if mode in ("cached", "stopped"):
     for _ in range(2):
         hvd.allreduce(np.ones(3), name=name)
