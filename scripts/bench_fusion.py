@@ -103,7 +103,10 @@ def paged_copy(arrays: List[np.ndarray], huge: bool) -> List[np.ndarray]:
     step = 2 << 20
     nbytes = sum(a.nbytes for a in arrays)
     region = mmap.mmap(-1, nbytes + step, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    region.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
+    except OSError:  # a kernel without transparent huge pages: 4 KiB pages either way
+        pass
     memory = np.frombuffer(region, np.uint8)
     start = -memory.ctypes.data % step  # huge pages need 2 MiB-aligned addresses
     out, at = [], start
