@@ -118,6 +118,24 @@ def test_process_sets_run_collectives_on_their_members_only():
         assert r["reused_sum"] == ([1] if rank < 2 else None)
 
 
+def test_a_collective_submitted_before_its_sets_removal_runs_before_it():
+    for r in run_mpi(2, "runtime_cases:collectives_submitted_before_a_removal_run_first",
+                     timeout=60):
+        assert r["right"]
+
+
+def test_removing_a_set_fails_its_requests_that_not_every_member_submitted():
+    for rank, r in enumerate(run_mpi(4, "runtime_cases:removing_a_set_fails_what_not_every_"
+                                        "member_submitted", timeout=60)):
+        assert (r["removed"], r["id"], r["world"]) == (True, 1, [4.0])
+        assert r.get("sum") == ([4.0, 4.0] if rank in (0, 2) else None)
+        if rank == 0:
+            assert "result" not in r, r
+            assert r["error"].startswith(
+                "hvdlike.allreduce 'x' on process set 1 cannot complete: the set was removed "
+                "(hvdlike.remove_process_set) before ranks [2] submitted it"), r["error"]
+
+
 @pytest.mark.parametrize("np_", [2, 4])
 def test_init_registers_the_distinct_sets_of_communicators_and_lists_as_horovod(np_):
     results = run_mpi(np_, "runtime_cases:sets_from_communicators", timeout=60)

@@ -294,8 +294,24 @@ class Engine:
             self._cv.notify()
 
     def forget_set(self, set_id: int) -> None:
-        """A process set is being removed (in a round, on every rank). A later set may get its
-        id, with other members: its unnamed requests are numbered from 0 again."""
+        """A process set is being removed (in a round, on every rank). This rank's requests on
+        it that have not run (not every member submitted them) fail, saying so. A later set
+        may get its id, with other members: its unnamed requests are numbered from 0 again."""
+        waiting = [e for k, e in self._pending.items() if k[0] == set_id]
+        missing = {id(e): self._missing(e) for e in waiting}  # while the set is registered
+        for key in [k for k in self._later if k[0] == set_id]:
+            waiting += self._later.pop(key)
+        for entry in waiting:
+            if self._pending.get(entry.key) is entry:
+                if entry.position is not None:
+                    self._clear_bit(entry)
+                del self._pending[entry.key]
+            ranks = missing.get(id(entry))
+            entry.handle._complete(None, RuntimeError(
+                f"hvdlike.{entry.request.kind} {entry.request.name!r} on process set {set_id} "
+                "cannot complete: the set was removed (hvdlike.remove_process_set) before "
+                + (f"ranks {ranks} submitted it" if ranks else "it ran") + ". Every member "
+                "must make the set's collective calls before it is removed."))
         self._neg.forget_set(set_id)
         execute_gpu.forget_set(set_id)
         with self._qlock:
@@ -495,6 +511,8 @@ class Engine:
             else:
                 work = Work(response.request, entry.inputs, ps, entry.handle._succeed)
             (reductions if response.request.kind in ALLREDUCES else others).append(work)
+        # a process set's removal last, after the round's collectives on that set
+        others.sort(key=lambda work: work.request.kind == "process_set")
         if served:
             self._count_unnamed(served)
         self._in_flight = reductions + others

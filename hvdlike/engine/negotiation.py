@@ -240,6 +240,9 @@ class Negotiation:
         self._free.append(position)
 
     def forget_set(self, set_id: int) -> None:
-        """Drop a removed process set's cache entries (every rank does it in the same round)."""
+        """Drop a removed process set's cache entries and the announcements of its requests
+        that not every member made (every rank does it in the same round)."""
         for key in [k for k in self._cache if k[0] == set_id]:
             self._evict(key)
+        for key in [k for k in self._announced if k[0] == set_id]:
+            del self._announced[key]

@@ -65,6 +65,45 @@ def process_sets() -> Dict[str, Any]:
     return out
 
 
+def removing_a_set_fails_what_not_every_member_submitted() -> Dict[str, Any]:
+    """Rank 0 submits a request on the set [0, 2] that rank 2 never does; the set is removed:
+    rank 0's handle raises; a new set (same id, same members, same name) works."""
+    rank = hvd.rank()
+    ps = hvd.add_process_set([0, 2])
+    handle = hvd.allreduce_async(np.ones(2), name="x", process_set=ps) if rank == 0 else None
+    hvd.barrier()  # rank 0's request is pending in the engine before the set goes
+    out: Dict[str, Any] = dict(removed=hvd.remove_process_set(ps))
+    if handle is not None:
+        try:
+            out["result"] = hvd.synchronize(handle).tolist()
+        except RuntimeError as exc:
+            out["error"] = str(exc)
+    again = hvd.add_process_set([0, 2])
+    out["id"] = again.process_set_id
+    if again.included():
+        out["sum"] = hvd.allreduce(np.full(2, rank + 1.0), op=hvd.Sum, name="x",
+                                   process_set=again).tolist()
+    out["world"] = hvd.allreduce(np.ones(1), op=hvd.Sum).tolist()
+    return out
+
+
+def collectives_submitted_before_a_removal_run_first() -> Dict[str, Any]:
+    """Add a set, submit a collective on it, remove it, many times over: once the unnamed names
+    of the removals repeat (the engine caches them), a removal and the collective are decided
+    in the same round, the removal first; the collective must still run before it."""
+    from hvdlike.engine.engine import NONAME_NAMES
+
+    rank, results = hvd.rank(), []
+    for i in range(NONAME_NAMES + 2):
+        ps = hvd.add_process_set([0])
+        handle = hvd.allgather_async(np.full(1, i), name=f"g{i}", process_set=ps) \
+            if ps.included() else None
+        hvd.remove_process_set(ps)
+        if handle is not None:
+            results.append(int(hvd.synchronize(handle)[0]))
+    return dict(right=results == list(range(NONAME_NAMES + 2)) if rank == 0 else results == [])
+
+
 def join(batches: Any) -> Dict[str, Any]:
     """Rank r has batches[r] steps of data; each step allreduces; then join()."""
     rank = hvd.rank()
