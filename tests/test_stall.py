@@ -84,6 +84,16 @@ def test_a_process_set_collective_names_its_set_and_missing_member():
     assert waited <= 3 + 5
 
 
+def test_a_member_that_joined_instead_is_named_as_joined():
+    job, waited = _run(4, "joined", 3, STALL)
+    assert job.returncode != 0
+    line = _shutdown_lines(job.output, 1)[0]
+    assert ("on process set 1, which ranks [3] have not submitted (ranks [3] have called "
+            "hvdlike.join(), which takes part only in all-reduces on the global process set)"
+            ) in line, line
+    assert waited <= 3 + 5
+
+
 def test_a_rank_whose_engine_stops_answering_ends_the_job():
     # SIGSTOP stops the whole process, engine thread included: its peers' rounds get no answer
     job, waited = _run(2, "stopped", 1, STALL)

@@ -435,7 +435,7 @@ class Engine:
         shutdown, announcements, the decision, running the responses."""
         if rows.stalled:  # some rank has waited past the stall shutdown time: every rank ends
             report = self._stall.report(list(self._pending.values()), self._missing,
-                                        time.perf_counter())
+                                        time.perf_counter(), self._joined(rows))
             self._stall.shut_down(self._ctrl.allgather(report), self._ctrl.Barrier)
         lists = self._ctrl.allgather(announce) if rows.announced else None
         self._round_lists = lists
@@ -464,7 +464,12 @@ class Engine:
         if rows.stopped:
             self._fail_waiting_on(rows.stopped)
         if self._pending and self._stall.due(now):
-            self._stall.scan(list(self._pending.values()), self._missing, now)
+            self._stall.scan(list(self._pending.values()), self._missing, now,
+                             self._joined(rows))
+
+    @staticmethod
+    def _joined(rows: Rows) -> List[int]:
+        return [r for r, j in enumerate(rows.joined) if j >= 0]
 
     def _missing(self, entry: Entry) -> List[int]:
         """The members that had not submitted ``entry``'s request in the last round."""

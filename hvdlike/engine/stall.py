@@ -41,20 +41,25 @@ class Stalled(NamedTuple):
     process_set: int
     waited: float  # seconds
     missing: List[int]  # member ranks that have not submitted it
+    joined: Tuple[int, ...] = ()  # those of them that have called hvdlike.join()
 
 
 def describe(stalled: Sequence[Stalled]) -> str:
     """One clause per stalled request, naming the ranks that wait and the ranks missing."""
-    groups: Dict[Tuple[str, str, int, Tuple[int, ...]], List[Stalled]] = {}
+    groups: Dict[Tuple[str, str, int, Tuple[int, ...], Tuple[int, ...]], List[Stalled]] = {}
     for s in stalled:
-        groups.setdefault((s.kind, s.name, s.process_set, tuple(s.missing)), []).append(s)
+        groups.setdefault((s.kind, s.name, s.process_set, tuple(s.missing), s.joined),
+                          []).append(s)
     clauses = []
-    for (kind, name, set_id, missing), group in list(groups.items())[:_MAX_LISTED]:
+    for (kind, name, set_id, missing, joined), group in list(groups.items())[:_MAX_LISTED]:
         ranks = sorted({s.rank for s in group})
         who = f"rank {ranks[0]} has" if len(ranks) == 1 else f"ranks {ranks} have"
         where = "" if set_id == 0 else f" on process set {set_id}"
         clauses.append(f"{who} waited {max(s.waited for s in group):.1f} s for {kind} "
                        f"{name!r}{where}, which ranks {list(missing)} have not submitted")
+        if joined:  # join stands in for all-reduces on the global set only
+            clauses[-1] += (f" (ranks {list(joined)} have called hvdlike.join(), which takes "
+                            "part only in all-reduces on the global process set)")
     if len(groups) > _MAX_LISTED:
         clauses.append(f"... and {len(groups) - _MAX_LISTED} more")
     if any(s.name.startswith("noname.") for s in stalled):
@@ -77,11 +82,12 @@ class StallInspector:
         return self.enabled and now >= self.next_scan
 
     def scan(self, entries: Sequence[Any], missing: Callable[[Any], List[int]],
-             now: float) -> None:
+             now: float, joined: Sequence[int] = ()) -> None:
         """Look at this rank's pending requests (engine entries); warn about the ones waiting
-        past the check time (once each); flag this rank if one waits past the shutdown time."""
+        past the check time (once each); flag this rank if one waits past the shutdown time.
+        ``joined``: the ranks that have called hvdlike.join()."""
         self.next_scan = now + self.interval
-        stalled = self.stalled(entries, missing, now, self.first_check)
+        stalled = self.stalled(entries, missing, now, self.first_check, joined)
         warn = []
         for entry, s in stalled:
             if s.waited >= self.check and not entry.warned:
@@ -94,7 +100,7 @@ class StallInspector:
         self.flag = bool(self.shutdown) and any(s.waited >= self.shutdown for _, s in stalled)
 
     def stalled(self, entries: Sequence[Any], missing: Callable[[Any], List[int]], now: float,
-                least: float) -> List[Tuple[Any, Stalled]]:
+                least: float, joined: Sequence[int] = ()) -> List[Tuple[Any, Stalled]]:
         """This rank's requests that have waited at least ``least`` seconds for members that
         have not submitted them."""
         out = []
@@ -105,15 +111,15 @@ class StallInspector:
                 if absent:
                     out.append((entry, Stalled(self.rank, entry.request.kind,
                                                entry.request.name or "", entry.key[0], waited,
-                                               absent)))
+                                               absent, tuple(r for r in absent if r in joined))))
         return out
 
     def report(self, entries: Sequence[Any], missing: Callable[[Any], List[int]],
-               now: float) -> List[Stalled]:
+               now: float, joined: Sequence[int] = ()) -> List[Stalled]:
         """What this rank contributes to the shutdown report: its requests stalled about as
         long as the one that triggered it (whose rank scanned up to an interval earlier)."""
         least = self.first_check - self.interval
-        return [s for _, s in self.stalled(entries, missing, now, least)]
+        return [s for _, s in self.stalled(entries, missing, now, least, joined)]
 
     def exchange_waited(self, waited: float, warned: bool) -> bool:
         """A round's exchange has had no answer from some rank for ``waited`` seconds: warn

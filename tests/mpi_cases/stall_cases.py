@@ -8,6 +8,7 @@ other ranks wait for. Modes:
 * ``unnamed``: a collective without a name;
 * ``late``: MISSING comes 2.5 s late; everyone prints the result;
 * ``process_set``: a collective of the process set [1, 2, 3] that MISSING skips;
+* ``joined``: as ``process_set``, MISSING (and rank 0, outside the set) call hvdlike.join();
 * ``stopped``: MISSING stops its whole process (SIGSTOP), engine included;
 * ``finished``: MISSING's script ends (exit status 0) where the others call one more.
 
@@ -26,7 +27,7 @@ mode, missing = sys.argv[1], int(sys.argv[2])
 hvd.init()
 rank = hvd.rank()
 process_set = hvd.global_process_set
-if mode == "process_set":
+if mode in ("process_set", "joined"):
     process_set = hvd.add_process_set([1, 2, 3])
 name = {"new": "a_new_name", "unnamed": None}.get(mode, "layer1/kernel")
 if mode in ("cached", "stopped"):
@@ -35,6 +36,8 @@ if mode in ("cached", "stopped"):
 hvd.barrier()
 if rank == 0:
     print(f"STALL_START {time.time():.3f}", flush=True)
+if mode == "joined" and (rank == missing or rank not in process_set.ranks):
+    hvd.join()  # stands in for global all-reduces only: the set's members wait for MISSING
 if rank == missing:
     if mode == "finished":
         sys.exit(0)
