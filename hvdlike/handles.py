@@ -81,11 +81,19 @@ class Handle:
         return self._result
 
 
+def _check(handle: Any, what: str) -> None:
+    if not isinstance(handle, Handle):
+        raise TypeError(f"hvdlike.{what} takes the handle that an *_async call returned (e.g. "
+                        f"hvdlike.allreduce_async), got {type(handle).__name__}")
+
+
 def poll(handle: Handle) -> bool:
     """True once the async operation behind ``handle`` has completed."""
+    _check(handle, "poll")
     return handle.poll()
 
 
 def synchronize(handle: Handle) -> Any:
     """Wait for the async operation behind ``handle`` and return its result."""
+    _check(handle, "synchronize")
     return handle.synchronize()

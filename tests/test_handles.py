@@ -1,6 +1,10 @@
-"""Handle.add_done_callback: what the TensorFlow wait kernel is told a request is done by."""
+"""Handle.add_done_callback (what the TensorFlow wait kernel is told a request is done by), and
+what synchronize and poll say when given something else."""
 import threading
 
+import pytest
+
+import hvdlike as hvd
 from hvdlike.handles import Handle
 
 
@@ -21,3 +25,11 @@ def test_a_callback_added_after_completion_runs_at_once_also_after_an_error():
     handle._complete(None, ValueError("bad input on rank 1"))
     handle.add_done_callback(lambda: calls.append(handle.poll()))
     assert calls == [True]
+
+
+def test_synchronize_and_poll_of_something_else_than_a_handle_say_what_they_take():
+    for fn in (hvd.synchronize, hvd.poll):
+        for wrong in (None, 123, [1, 2]):
+            with pytest.raises(TypeError, match=r"takes the handle that an \*_async call "
+                                                r"returned .* got " + type(wrong).__name__):
+                fn(wrong)
