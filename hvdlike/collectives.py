@@ -68,6 +68,10 @@ class _Inputs:
 
 def _engine(process_set: ProcessSet, kind: str) -> Any:
     st = runtime._state
+    if type(process_set) is not ProcessSet:
+        raise TypeError(f"hvdlike.{kind}(): process_set= takes a ProcessSet (what "
+                        "hvdlike.add_process_set(ranks) returns, or hvdlike.global_process_set),"
+                        f" got {type(process_set).__name__}")
     if st is None or process_set._comm is None:
         st = process_sets.require_member(process_set, f"hvdlike.{kind}()",
                                          "only its member ranks may call collectives on it")
@@ -79,6 +83,9 @@ def _submit(process_set: ProcessSet, request: Request, error: Optional[checks.Lo
     """Hand a request to the engine: returns its handle, or with ``blocking`` its result.
     ``on_gpu``: the call's arrays when they live on a GPU (the request then says so, and the
     handle gives results back on the caller's stream)."""
+    if request.name is not None and type(request.name) is not str:
+        raise TypeError(f"hvdlike.{request.kind}(): name= takes a string (the same on every "
+                        f"rank) or None, got {type(request.name).__name__} {request.name!r}")
     engine = _engine(process_set, request.kind)
     if on_gpu is None or on_gpu.restore is None:
         if blocking:
@@ -109,6 +116,22 @@ def _adasum_error(process_set: ProcessSet, given: _Inputs) -> Optional[checks.Lo
     return ("ValueError", why) if why else None
 
 
+def _factors(kind: str, prescale_factor: Any, postscale_factor: Any) -> Tuple[float, float]:
+    try:
+        return float(prescale_factor), float(postscale_factor)
+    except (TypeError, ValueError):
+        raise TypeError(f"hvdlike.{kind}(): prescale_factor and postscale_factor take numbers, "
+                        f"got {prescale_factor!r} and {postscale_factor!r}") from None
+
+
+def _listed(xs: Any, kind: str) -> List[Any]:
+    """The arrays of a grouped call, refusing one array (iterating it would group its rows)."""
+    if hasattr(xs, "shape") and hasattr(xs, "dtype"):
+        raise TypeError(f"hvdlike.{kind}() takes a list of arrays, got one {type(xs).__name__}; "
+                        f"pass [x], or call hvdlike.{kind.replace('grouped_', '')}(x)")
+    return list(xs)
+
+
 def _first(errors: Any) -> Optional[checks.LocalError]:
     return next((e for e in errors if e), None)
 
@@ -119,7 +142,8 @@ def _allreduce(xs: Sequence[Any], op: Any, prescale_factor: float, postscale_fac
                name: Optional[str], process_set: ProcessSet, grouped: bool,
                blocking: bool = False) -> Any:
     op = as_reduce_op(op)
-    scale = (float(prescale_factor), float(postscale_factor))
+    scale = _factors("grouped_allreduce" if grouped else "allreduce", prescale_factor,
+                     postscale_factor)
     given = _Inputs(xs)
     arrays = given.arrays
     if grouped:
@@ -165,8 +189,8 @@ def grouped_allreduce(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE, prescale_fa
     together (with other all-reduces ready at the same time) in buckets of up to
     HVDLIKE_FUSION_THRESHOLD bytes, straight from their memory where the transport allows.
     Returns a list of new arrays."""
-    return _allreduce(list(xs), op, prescale_factor, postscale_factor, name, process_set, True,
-                      True)
+    return _allreduce(_listed(xs, "grouped_allreduce"), op, prescale_factor, postscale_factor,
+                      name, process_set, True, True)
 
 
 def grouped_allreduce_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
@@ -174,7 +198,8 @@ def grouped_allreduce_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                             name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set) -> Handle:
     """Start ``grouped_allreduce``; ``handle.synchronize()`` returns the list of results."""
-    return _allreduce(list(xs), op, prescale_factor, postscale_factor, name, process_set, True)
+    return _allreduce(_listed(xs, "grouped_allreduce_async"), op, prescale_factor,
+                      postscale_factor, name, process_set, True)
 
 
 # ----------------------------------------------------------------------------- allgather
@@ -215,13 +240,13 @@ def allgather_async(x: Any, name: Optional[str] = None,
 def grouped_allgather(xs: Sequence[Any], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """``allgather`` of a list of arrays in one MPI call. Returns a list of new arrays."""
-    return _allgather(list(xs), name, process_set, True, True)
+    return _allgather(_listed(xs, "grouped_allgather"), name, process_set, True, True)
 
 
 def grouped_allgather_async(xs: Sequence[Any], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set) -> Handle:
     """Start ``grouped_allgather``; ``handle.synchronize()`` returns the list of results."""
-    return _allgather(list(xs), name, process_set, True)
+    return _allgather(_listed(xs, "grouped_allgather_async"), name, process_set, True)
 
 
 # ----------------------------------------------------------------------------- broadcast
@@ -335,7 +360,7 @@ def _reducescatter(xs: Sequence[Any], op: Any, name: Optional[str], process_set:
     shapes = tuple(a.shape for a in arrays)
     kind = "grouped_reducescatter" if grouped else "reducescatter"
     request = Request(kind, name, dts if grouped else dts[0], shapes if grouped else shapes[0],
-                      int(op), None, (float(prescale_factor), float(postscale_factor)))
+                      int(op), None, _factors(kind, prescale_factor, postscale_factor))
     return _submit(process_set, request,
                    given.error or _first(_scatter_error(a, op) for a in arrays), arrays,
                    blocking, given)
@@ -366,8 +391,8 @@ def grouped_reducescatter(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[np.ndarray]:
     """``reducescatter`` of a list of arrays, fused per dtype like grouped_allreduce."""
-    return _reducescatter(list(xs), op, name, process_set, prescale_factor, postscale_factor,
-                          True, True)
+    return _reducescatter(_listed(xs, "grouped_reducescatter"), op, name, process_set,
+                          prescale_factor, postscale_factor, True, True)
 
 
 def grouped_reducescatter_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
@@ -376,8 +401,8 @@ def grouped_reducescatter_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                                 prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> Handle:
     """Start ``grouped_reducescatter``; ``handle.synchronize()`` returns the list of results."""
-    return _reducescatter(list(xs), op, name, process_set, prescale_factor, postscale_factor,
-                          True)
+    return _reducescatter(_listed(xs, "grouped_reducescatter_async"), op, name, process_set,
+                          prescale_factor, postscale_factor, True)
 
 
 # ----------------------------------------------------------------------------- control

@@ -36,6 +36,12 @@ EXPECTED = {
     "allgather_object_unpicklable_one_rank": ("TypeError", ["allgather_object",
                                                              "rank 1 cannot be pickled"]),
     "set_not_registered": ("ValueError", ["not registered", "add_process_set"]),
+    "set_given_as_ranks": ("TypeError", ["process_set= takes a ProcessSet", "got list"]),
+    "name_not_a_string": ("TypeError", ["name= takes a string", "got int 123"]),
+    "factor_not_a_number": ("TypeError", ["prescale_factor and postscale_factor take numbers",
+                                          "got 'a' and 1.0"]),
+    "grouped_given_one_array": ("TypeError", ["takes a list of arrays, got one ndarray",
+                                              "hvdlike.allreduce(x)"]),
 }
 
 

@@ -40,6 +40,10 @@ def _cases(rank: int, size: int) -> Dict[str, Callable[[], Any]]:
         "allgather_object_unpicklable_one_rank": lambda: hvd.allgather_object(
             (lambda: 0) if odd else rank),
         "set_not_registered": lambda: hvd.allreduce(np.ones(2), process_set=hvd.ProcessSet([0])),
+        "set_given_as_ranks": lambda: hvd.allreduce(np.ones(2), process_set=[0, 1]),
+        "name_not_a_string": lambda: hvd.allreduce(np.ones(2), name=123),
+        "factor_not_a_number": lambda: hvd.allreduce(np.ones(2), prescale_factor="a"),
+        "grouped_given_one_array": lambda: hvd.grouped_allreduce(np.ones(3)),
     }
 
 
