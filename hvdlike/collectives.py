@@ -124,11 +124,12 @@ def _factors(kind: str, prescale_factor: Any, postscale_factor: Any) -> Tuple[fl
                         f"got {prescale_factor!r} and {postscale_factor!r}") from None
 
 
-def _listed(xs: Any, kind: str) -> List[Any]:
-    """The arrays of a grouped call, refusing one array (iterating it would group its rows)."""
+def listed(xs: Any, what: str) -> List[Any]:
+    """The arrays or tensors of a grouped call ``what`` (e.g. "hvdlike.grouped_allreduce"),
+    refusing one array or tensor (iterating it would group its rows)."""
     if hasattr(xs, "shape") and hasattr(xs, "dtype"):
-        raise TypeError(f"hvdlike.{kind}() takes a list of arrays, got one {type(xs).__name__}; "
-                        f"pass [x], or call hvdlike.{kind.replace('grouped_', '')}(x)")
+        raise TypeError(f"{what}() takes a list, got one {type(xs).__name__}; pass [x], or "
+                        f"call {what.replace('grouped_', '')}(x)")
     return list(xs)
 
 
@@ -189,8 +190,8 @@ def grouped_allreduce(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE, prescale_fa
     together (with other all-reduces ready at the same time) in buckets of up to
     HVDLIKE_FUSION_THRESHOLD bytes, straight from their memory where the transport allows.
     Returns a list of new arrays."""
-    return _allreduce(_listed(xs, "grouped_allreduce"), op, prescale_factor, postscale_factor,
-                      name, process_set, True, True)
+    return _allreduce(listed(xs, "hvdlike.grouped_allreduce"), op, prescale_factor,
+                      postscale_factor, name, process_set, True, True)
 
 
 def grouped_allreduce_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
@@ -198,7 +199,7 @@ def grouped_allreduce_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                             name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set) -> Handle:
     """Start ``grouped_allreduce``; ``handle.synchronize()`` returns the list of results."""
-    return _allreduce(_listed(xs, "grouped_allreduce_async"), op, prescale_factor,
+    return _allreduce(listed(xs, "hvdlike.grouped_allreduce_async"), op, prescale_factor,
                       postscale_factor, name, process_set, True)
 
 
@@ -240,13 +241,13 @@ def allgather_async(x: Any, name: Optional[str] = None,
 def grouped_allgather(xs: Sequence[Any], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """``allgather`` of a list of arrays in one MPI call. Returns a list of new arrays."""
-    return _allgather(_listed(xs, "grouped_allgather"), name, process_set, True, True)
+    return _allgather(listed(xs, "hvdlike.grouped_allgather"), name, process_set, True, True)
 
 
 def grouped_allgather_async(xs: Sequence[Any], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set) -> Handle:
     """Start ``grouped_allgather``; ``handle.synchronize()`` returns the list of results."""
-    return _allgather(_listed(xs, "grouped_allgather_async"), name, process_set, True)
+    return _allgather(listed(xs, "hvdlike.grouped_allgather_async"), name, process_set, True)
 
 
 # ----------------------------------------------------------------------------- broadcast
@@ -391,7 +392,7 @@ def grouped_reducescatter(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[np.ndarray]:
     """``reducescatter`` of a list of arrays, fused per dtype like grouped_allreduce."""
-    return _reducescatter(_listed(xs, "grouped_reducescatter"), op, name, process_set,
+    return _reducescatter(listed(xs, "hvdlike.grouped_reducescatter"), op, name, process_set,
                           prescale_factor, postscale_factor, True, True)
 
 
@@ -401,8 +402,8 @@ def grouped_reducescatter_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                                 prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> Handle:
     """Start ``grouped_reducescatter``; ``handle.synchronize()`` returns the list of results."""
-    return _reducescatter(_listed(xs, "grouped_reducescatter_async"), op, name, process_set,
-                          prescale_factor, postscale_factor, True)
+    return _reducescatter(listed(xs, "hvdlike.grouped_reducescatter_async"), op, name,
+                          process_set, prescale_factor, postscale_factor, True)
 
 
 # ----------------------------------------------------------------------------- control

@@ -4,6 +4,8 @@ A compressor has ``compress(tensor) -> (tensor, ctx)`` and
 ``decompress(tensor, ctx) -> tensor``.  Only floating-point tensors are compressed;
 integers and already-small floats pass through unchanged.
 """
+from typing import Any
+
 import tensorflow as tf
 
 
@@ -59,3 +61,14 @@ class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+
+
+def check_compression(compression: Any, what: str) -> Any:
+    """``compression`` when it has ``compress`` and ``decompress``; else a TypeError naming
+    ``what`` (e.g. "hvdlike.tensorflow.allreduce")."""
+    if callable(getattr(compression, "compress", None)) and \
+            callable(getattr(compression, "decompress", None)):
+        return compression
+    raise TypeError(f"{what}: compression= takes hvdlike.tensorflow.Compression.none, .fp16 or "
+                    ".bf16 (or an object with compress(tensor) and decompress(tensor, ctx)), "
+                    f"got {type(compression).__name__} {compression!r}")

@@ -43,10 +43,25 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int,
     broadcast per dtype.  Works eagerly and inside ``tf.function``; returns ``None``
     in TF2 and the grouped assign op in a TF1 graph.
     """
-    assigns = _broadcast_assigns(list(variables), root_rank, process_set)
+    assigns = _broadcast_assigns(_variables(variables, "broadcast_variables"), root_rank,
+                                 process_set)
     if not assigns or tf.compat.v1.executing_eagerly_outside_functions():
         return None  # eager, or inside tf.function (automatic control dependencies)
     return tf.group(*[a for a in assigns if a is not None])
+
+
+def _variables(variables: Any, what: str) -> List[Any]:
+    """The variables given to ``what``: a list (or other sequence) of variables."""
+    if hasattr(variables, "assign"):
+        raise TypeError(f"hvdlike.tensorflow.{what} takes a list of variables, got one "
+                        f"{type(variables).__name__}; pass [v]")
+    variables = list(variables)
+    for i, v in enumerate(variables):
+        if not hasattr(v, "assign"):
+            raise TypeError(f"hvdlike.tensorflow.{what} takes variables (e.g. model.variables), "
+                            f"got a {type(v).__name__} at position {i}; to send a tensor's "
+                            "value use hvdlike.tensorflow.broadcast(tensor, root_rank)")
+    return variables
 
 
 def _broadcast_assigns(variables, root_rank, process_set):
@@ -71,7 +86,7 @@ def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = N
     """Horovod's in-place broadcast: assign ``root_rank``'s values to ``variables`` (see
     :func:`broadcast_variables`) and return them; in a ``tf.compat.v1`` graph, return the
     assign ops' results, which broadcast and assign when run."""
-    variables = list(variables)
+    variables = _variables(variables, "broadcast_")
     if tf.compat.v1.executing_eagerly_outside_functions():
         broadcast_variables(variables, root_rank, process_set=process_set)
         return variables

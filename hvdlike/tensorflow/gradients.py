@@ -19,7 +19,7 @@ from hvdlike import Adasum, Average, Sum
 from hvdlike.reduce_ops import as_reduce_op
 
 from hvdlike.tensorflow import ops as _ops
-from hvdlike.tensorflow.compression import Compression
+from hvdlike.tensorflow.compression import Compression, check_compression
 
 
 def overlap_enabled() -> bool:
@@ -136,6 +136,11 @@ class GradientReducer:
                  name: Optional[str] = None, owner: str = "DistributedOptimizer",
                  scale_local_gradients: bool = True) -> None:
         op = as_reduce_op(op)
+        check_compression(compression, f"hvdlike.tensorflow.{owner}")
+        if type(process_set) is not _core.ProcessSet:
+            raise TypeError(f"hvdlike.tensorflow.{owner}: process_set= takes a ProcessSet (what "
+                            "hvdlike.add_process_set(ranks) returns), got "
+                            f"{type(process_set).__name__}")
         if op not in (Average, Sum, Adasum):
             raise ValueError(f"hvdlike.tensorflow.{owner}: op must be hvdlike.Average, "
                              f"hvdlike.Sum or hvdlike.Adasum for gradients (got {op.name}).")

@@ -32,7 +32,8 @@ from hvdlike.reduce_ops import as_reduce_op
 from hvdlike import ProcessSet
 
 from hvdlike.tensorflow import compat, devices, wait_kernel
-from hvdlike.tensorflow.compression import Compression
+from hvdlike.collectives import listed as _listed
+from hvdlike.tensorflow.compression import Compression, check_compression
 
 _SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
                      tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool)
@@ -354,6 +355,7 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     compatibility and ignored.
     """
     op = _normalize_op(op, average, "allreduce")
+    check_compression(compression, "hvdlike.tensorflow.allreduce")
     if isinstance(tensor, tf.IndexedSlices):
         if sparse_as_dense:
             tensor = tf.convert_to_tensor(tensor)
@@ -379,7 +381,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     same number of tensors with matching dtypes and shapes.
     """
     op = _normalize_op(op, average, "grouped_allreduce")
-    tensors = list(tensors)
+    check_compression(compression, "hvdlike.tensorflow.grouped_allreduce")
+    tensors = _listed(tensors, "hvdlike.tensorflow.grouped_allreduce")
     out = [None] * len(tensors)
     dense_idx, dense, ctxs = [], [], []
     for i, t in enumerate(tensors):
@@ -471,7 +474,8 @@ def allgather(tensor: Any, name: Optional[str] = None,
 def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
     """Allgather a list of tensors in one call; returns a list (see :func:`allgather`)."""
-    tensors = [_to_tensor(t, "grouped_allgather", name) for t in tensors]
+    tensors = [_to_tensor(t, "grouped_allgather", name)
+               for t in _listed(tensors, "hvdlike.tensorflow.grouped_allgather")]
     if not tensors:
         return []
     return _grouped_allgather_with_grad(tensors, name, process_set)
@@ -624,6 +628,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compre
     Every rank passes the same dtype/shape/op.  With first dimension d0 and n ranks,
     rank r gets ``d0 // n`` rows, plus one if ``r < d0 % n`` (rank order).
     """
+    check_compression(compression, "hvdlike.tensorflow.reducescatter")
     tensor = _to_tensor(tensor, "reducescatter", name)
     c, ctx = compression.compress(tensor)
     out = _grouped_reducescatter_with_grad([c], as_reduce_op(op), prescale_factor,
@@ -638,7 +643,9 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[tf.Tensor]:
     """Reducescatter a list of tensors in one call (see :func:`reducescatter`)."""
-    tensors = [_to_tensor(t, "grouped_reducescatter", name) for t in tensors]
+    check_compression(compression, "hvdlike.tensorflow.grouped_reducescatter")
+    tensors = [_to_tensor(t, "grouped_reducescatter", name)
+               for t in _listed(tensors, "hvdlike.tensorflow.grouped_reducescatter")]
     if not tensors:
         return []
     pairs = [compression.compress(t) for t in tensors]

@@ -211,4 +211,38 @@ def _():
         hvd.remove_process_set(ps)
 
 
+@check("wrong_kinds_of_arguments_say_what_is_expected_on_every_rank")
+def _():
+    x, sgd = tf.ones([3]), tf.keras.optimizers.SGD
+    for what, fn, text in [
+        ("process set as ranks", lambda: hvd.allreduce(x, process_set=[0]),
+         "process_set= takes a ProcessSet"),
+        ("name not a string", lambda: hvd.allreduce(x, name=123), "name= takes a string"),
+        ("one tensor to a grouped call", lambda: hvd.grouped_allreduce(x),
+         "grouped_allreduce() takes a list, got one EagerTensor"),
+        ("one tensor to grouped allgather", lambda: hvd.grouped_allgather(x),
+         "grouped_allgather() takes a list"),
+        ("compression as a string", lambda: hvd.allreduce(x, compression="fp16"),
+         "compression= takes hvdlike.tensorflow.Compression.none"),
+        ("optimizer, compression", lambda: hvd.DistributedOptimizer(sgd(0.1), compression="fp16"),
+         "DistributedOptimizer: compression= takes"),
+        ("optimizer, process set", lambda: hvd.DistributedOptimizer(sgd(0.1), process_set=[0]),
+         "DistributedOptimizer: process_set= takes a ProcessSet"),
+        ("tape, compression", lambda: hvd.DistributedGradientTape(tf.GradientTape(),
+                                                                  compression="fp16"),
+         "DistributedGradientTape: compression= takes"),
+        ("tensors to broadcast_variables", lambda: hvd.broadcast_variables([x], root_rank=0),
+         "takes variables (e.g. model.variables), got a EagerTensor at position 0"),
+        ("one variable to broadcast_variables",
+         lambda: hvd.broadcast_variables(tf.Variable(x), root_rank=0),
+         "takes a list of variables, got one ResourceVariable"),
+    ]:
+        try:
+            fn()
+            outcome = "no error"
+        except TypeError as e:
+            outcome = "error" if text in str(e) else str(e)
+        assert hvdlike.allgather_object(outcome) == ["error"] * n, (what, outcome)
+
+
 close()
