@@ -313,6 +313,20 @@ def test_build_command_for_intel_mpi_turns_slots_into_ppn():
         build_command(3, ["python"], hosts="h1:2,h2:1", env={}, mpirun="mpiexec", flavor="intel")
 
 
+def test_more_ranks_than_the_host_list_has_slots_is_refused_before_mpirun_runs():
+    for hosts, slots in (("localhost:2", 2), ("h1:2,h2", 3), ("h1,h2", 2)):
+        with pytest.raises(LaunchError, match=f"-np 4 asks for more ranks than -H {hosts} has "
+                                              f"slots \\({slots};"):
+            build_command(4, ["python"], hosts=hosts, env={"PATH": "/nonexistent"},
+                          mpirun="mpirun", flavor=Flavor.OPENMPI)
+    argv, _ = build_command(4, ["python"], hosts="h1:2", mpi_args="--oversubscribe",
+                            env={"PATH": "/nonexistent"}, mpirun="mpirun", flavor=Flavor.OPENMPI)
+    assert argv[:5] == ["mpirun", "-np", "4", "--host", "h1:2"] and "--oversubscribe" in argv
+    argv, _ = build_command(4, ["python"], hosts="h1:2,h2:2", env={"PATH": "/nonexistent"},
+                            mpirun="mpirun", flavor=Flavor.OPENMPI)
+    assert argv[:5] == ["mpirun", "-np", "4", "--host", "h1:2,h2:2"]
+
+
 def test_parse_flavor_recognises_real_openmpi_and_mpich_and_intel_output(openmpi):
     assert parse_flavor(version_text(openmpi)) is Flavor.OPENMPI
     assert parse_flavor(MPICH_VERSION_TEXT) is Flavor.MPICH

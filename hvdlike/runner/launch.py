@@ -126,11 +126,19 @@ def _detect(mpirun: str) -> Flavor:
 def _openmpi_args(np: int, hosts: Optional[str], hostfile: Optional[str],
                   mpi_args: Sequence[str], env: Mapping[str, str]) -> List[str]:
     args = ["-np", str(np)]
+    oversubscribe = _has_option(mpi_args, "--oversubscribe", "-oversubscribe")
+    if hosts and not oversubscribe:
+        slots = sum(1 if count is None else count for _, count in _parse_hosts(hosts))
+        if np > slots:
+            raise LaunchError(
+                f"-np {np} asks for more ranks than -H {hosts} has slots ({slots}; a host "
+                "without :N has 1): lower -np, give the hosts more slots (host:N), or pass "
+                "--mpi-args=\"--oversubscribe\" to run more ranks than slots")
     if hosts:
         args += ["--host", hosts]
     elif hostfile:
         args += ["--hostfile", hostfile]
-    elif np > local_cores() and not _has_option(mpi_args, "--oversubscribe", "-oversubscribe"):
+    elif np > local_cores() and not oversubscribe:
         args.append("--oversubscribe")
     if not _has_option(mpi_args, "--bind-to", "-bind-to"):
         args += ["--bind-to", "none"]
