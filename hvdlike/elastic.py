@@ -131,6 +131,10 @@ def run(func: _F) -> _F:
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(state, State):
+            raise TypeError(f"hvdlike.elastic.run: {func.__name__} must be called with an "
+                            "hvdlike.elastic State first (ObjectState, or a framework's "
+                            f"TensorFlowKerasState / TensorFlowState), got {type(state).__name__}")
         min_size, max_size = _min_size(), _max_size()  # bad values: an error now, not later
         _load_committed(state)
         reset = False

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import hvdlike.elastic
+
 from mpi_harness import REPO, TESTS, launch, mpich_prefix
 
 sys.path.insert(0, str(TESTS / "mpi_cases"))
@@ -128,6 +130,16 @@ def test_a_bad_elastic_setting_fails_before_training_on_every_rank(variable):
     job, _ = _run(2, "before", 1, ["--elastic"], env={variable: "four"}, timeout=60)
     assert job.returncode != 0 and "COMMITTED" not in job.output
     assert f"ValueError: {variable}='four' is not a whole number" in job.output
+
+
+def test_elastic_run_called_without_a_state_says_what_it_takes():
+    @hvdlike.elastic.run
+    def train(state):
+        return state
+
+    with pytest.raises(TypeError, match="hvdlike.elastic.run: train must be called with an "
+                                        "hvdlike.elastic State first .* got str"):
+        train("not a state")
 
 
 def test_without_elastic_run_a_death_under_ulfm_ends_the_job_naming_the_rank():
