@@ -40,7 +40,7 @@ EXPECTED = {
     "name_not_a_string": ("TypeError", ["name= takes a string", "got int 123"]),
     "factor_not_a_number": ("TypeError", ["prescale_factor and postscale_factor take numbers",
                                           "got 'a' and 1.0"]),
-    "grouped_given_one_array": ("TypeError", ["takes a list of arrays, got one ndarray",
+    "grouped_given_one_array": ("TypeError", ["grouped_allreduce() takes a list, got one ndarray",
                                               "hvdlike.allreduce(x)"]),
 }
 
