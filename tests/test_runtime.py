@@ -124,6 +124,15 @@ def test_a_collective_submitted_before_its_sets_removal_runs_before_it():
         assert r["right"]
 
 
+def test_a_request_reaching_the_engine_after_its_sets_removal_fails_alone():
+    results = run_mpi(2, "runtime_cases:request_reaching_the_engine_after_its_sets_removal",
+                      timeout=60)
+    assert results[0]["error"] == ("hvdlike.allreduce 'late': its process set was removed "
+                                   "(hvdlike.remove_process_set, on another thread) before the "
+                                   "request could be sent"), results[0]
+    assert [r["after"] for r in results] == [[2.0], [2.0]]
+
+
 def test_removing_a_set_fails_its_requests_that_not_every_member_submitted():
     for rank, r in enumerate(run_mpi(4, "runtime_cases:removing_a_set_fails_what_not_every_"
                                         "member_submitted", timeout=60)):

@@ -377,6 +377,12 @@ class Engine:
         with self._qlock:
             new, self._queue = self._queue, []
         for entry in new:
+            if _ps._registry.get(entry.key[0]) is not entry.process_set:  # removed meanwhile
+                entry.handle._complete(None, RuntimeError(
+                    f"hvdlike.{entry.request.kind} {entry.request.name!r}: its process set "
+                    "was removed (hvdlike.remove_process_set, on another thread) before the "
+                    "request could be sent"))
+                continue
             if entry.request.kind == "join":
                 self._joined_round, self._join_entry = self._round_no, entry
             elif entry.key in self._pending:

@@ -104,6 +104,28 @@ def collectives_submitted_before_a_removal_run_first() -> Dict[str, Any]:
     return dict(right=results == list(range(NONAME_NAMES + 2)) if rank == 0 else results == [])
 
 
+def request_reaching_the_engine_after_its_sets_removal() -> Dict[str, Any]:
+    """A request that passed the API's membership check just before another thread removed
+    its set reaches the engine afterwards (submitted to the engine directly here, as that
+    race would): it fails, and the job goes on."""
+    from hvdlike import runtime
+    from hvdlike.checks import Request
+
+    ps = hvd.add_process_set([0])
+    hvd.remove_process_set(ps)
+    out: Dict[str, Any] = {}
+    if hvd.rank() == 0:
+        x = np.ones(2)
+        request = Request("allreduce", "late", x.dtype, x.shape, int(hvd.Sum), None, (1.0, 1.0))
+        handle = runtime.state().engine.submit(request, None, [x], ps)
+        try:
+            out["result"] = handle.synchronize().tolist()
+        except RuntimeError as exc:
+            out["error"] = str(exc)
+    out["after"] = hvd.allreduce(np.ones(1), op=hvd.Sum, name="after").tolist()
+    return out
+
+
 def join(batches: Any) -> Dict[str, Any]:
     """Rank r has batches[r] steps of data; each step allreduces; then join()."""
     rank = hvd.rank()
