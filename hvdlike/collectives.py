@@ -68,10 +68,8 @@ class _Inputs:
 
 def _engine(process_set: ProcessSet, kind: str) -> Any:
     st = runtime._state
-    if type(process_set) is not ProcessSet:
-        raise TypeError(f"hvdlike.{kind}(): process_set= takes a ProcessSet (what "
-                        "hvdlike.add_process_set(ranks) returns, or hvdlike.global_process_set),"
-                        f" got {type(process_set).__name__}")
+    if not isinstance(process_set, ProcessSet):
+        process_sets.require_process_set(process_set, f"hvdlike.{kind}()")
     if st is None or process_set._comm is None:
         st = process_sets.require_member(process_set, f"hvdlike.{kind}()",
                                          "only its member ranks may call collectives on it")

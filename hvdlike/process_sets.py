@@ -83,6 +83,15 @@ _registry: Dict[int, ProcessSet] = {}
 _free_ids: List[int] = []  # ids of removed sets, given again first-removed first (as Horovod)
 
 
+def require_process_set(process_set: Any, what: str) -> None:
+    """Raise ``TypeError`` naming ``what`` unless ``process_set`` is a ProcessSet (a list of
+    ranks is a common slip)."""
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"{what}: process_set= takes a ProcessSet (what "
+                        "hvdlike.add_process_set(ranks) returns, or hvdlike.global_process_set),"
+                        f" got {type(process_set).__name__}")
+
+
 def require_registered(process_set: ProcessSet, what: str) -> None:
     """Raise ``ValueError`` naming ``what`` unless ``process_set`` is registered (not one
     never added, removed, or with an id set by hand)."""

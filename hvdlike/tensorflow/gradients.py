@@ -137,10 +137,7 @@ class GradientReducer:
                  scale_local_gradients: bool = True) -> None:
         op = as_reduce_op(op)
         check_compression(compression, f"hvdlike.tensorflow.{owner}")
-        if type(process_set) is not _core.ProcessSet:
-            raise TypeError(f"hvdlike.tensorflow.{owner}: process_set= takes a ProcessSet (what "
-                            "hvdlike.add_process_set(ranks) returns), got "
-                            f"{type(process_set).__name__}")
+        _process_sets.require_process_set(process_set, f"hvdlike.tensorflow.{owner}")
         if op not in (Average, Sum, Adasum):
             raise ValueError(f"hvdlike.tensorflow.{owner}: op must be hvdlike.Average, "
                              f"hvdlike.Sum or hvdlike.Adasum for gradients (got {op.name}).")
