@@ -355,6 +355,12 @@ PRRTE_CRASHED = ("pmix_server_dyn.c", "A daemon failed to report back",
                  "PRTE has lost communication with a remote daemon")
 
 
+# What Open MPI prints when a survivor's TCP transport sees the dead rank's socket close first;
+# twice in CI (2026-11-26, 2026-11-29) mpirun then did not end the job (an upstream hang that
+# hvdlikerun's --abort-timeout ends; this test runs mpirun itself).
+SOCKET_CLOSED = "An error occurred in Socket closed"
+
+
 def _launcher_crashed(job) -> bool:
     return not job.timed_out and job.returncode != 0 and (
         job.returncode < 0 or any(line in job.output for line in PRRTE_CRASHED))
@@ -385,13 +391,18 @@ def test_a_rank_killed_on_host_b(cluster, ulfm, replace):
                       f"again:\n"
                       f"{job.output[-1500:]}")
         job = _launch_2x2(cluster, program, ulfm=ulfm, env={"HVDLIKE_ELASTIC_MAX_NP": "4"})
+    if not ulfm and job.timed_out and SOCKET_CLOSED in job.output:
+        warnings.warn(f"Open MPI printed {SOCKET_CLOSED!r} and then did not end the job (an "
+                      "upstream hang, docs/reliability.md); the job ran again:\n"
+                      f"{job.output[-1500:]}")
+        job = _launch_2x2(cluster, program)
     ended = time.time()
     assert not job.timed_out, job.output[-5000:]
     if not ulfm:
         assert job.returncode != 0 and "RESULT" not in job.output
         assert ("process rank 3 with PID" in job.output
                 or f"Peer host:  {cluster.names[1]}" in job.output
-                or "An error occurred in Socket closed" in job.output), job.output[-3000:]
+                or SOCKET_CLOSED in job.output), job.output[-3000:]
         assert ended - _killed_at(job.output) <= 10
         return
     assert job.returncode == 0, job.output[-4000:]
