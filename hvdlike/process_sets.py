@@ -94,7 +94,8 @@ def require_process_set(process_set: Any, what: str) -> None:
 
 def require_registered(process_set: ProcessSet, what: str) -> None:
     """Raise ``ValueError`` naming ``what`` unless ``process_set`` is registered (not one
-    never added, removed, or with an id set by hand)."""
+    never added, removed, or with an id set by hand); ``TypeError`` for no ProcessSet."""
+    require_process_set(process_set, what)
     if process_set.process_set_id is None or \
             _registry.get(process_set.process_set_id) is not process_set:
         twin = next((ps for ps in _registry.values()

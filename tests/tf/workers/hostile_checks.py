@@ -217,6 +217,8 @@ def _():
     for what, fn, text in [
         ("process set as ranks", lambda: hvd.allreduce(x, process_set=[0]),
          "process_set= takes a ProcessSet"),
+        ("process set as ranks, traced", lambda: tf.function(
+            lambda: hvd.allreduce(x, process_set=[0]))(), "process_set= takes a ProcessSet"),
         ("name not a string", lambda: hvd.allreduce(x, name=123), "name= takes a string"),
         ("one tensor to a grouped call", lambda: hvd.grouped_allreduce(x),
          "grouped_allreduce() takes a list, got one EagerTensor"),
