@@ -76,14 +76,19 @@ def _engine(process_set: ProcessSet, kind: str) -> Any:
     return st.engine
 
 
+def require_name(name: Any, where: str) -> None:
+    """Raise TypeError unless ``name`` (a collective's ``name=``) is a string or None."""
+    if name is not None and type(name) is not str:
+        raise TypeError(f"{where}: name= takes a string (the same on every rank) or None, "
+                        f"got {type(name).__name__} {name!r}")
+
+
 def _submit(process_set: ProcessSet, request: Request, error: Optional[checks.LocalError],
             inputs: Any, blocking: bool = False, on_gpu: Optional[_Inputs] = None) -> Any:
     """Hand a request to the engine: returns its handle, or with ``blocking`` its result.
     ``on_gpu``: the call's arrays when they live on a GPU (the request then says so, and the
     handle gives results back on the caller's stream)."""
-    if request.name is not None and type(request.name) is not str:
-        raise TypeError(f"hvdlike.{request.kind}(): name= takes a string (the same on every "
-                        f"rank) or None, got {type(request.name).__name__} {request.name!r}")
+    require_name(request.name, f"hvdlike.{request.kind}()")
     engine = _engine(process_set, request.kind)
     if on_gpu is None or on_gpu.restore is None:
         if blocking:

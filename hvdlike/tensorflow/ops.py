@@ -28,6 +28,7 @@ from hvdlike import process_sets as _process_sets
 from hvdlike import runtime as _runtime
 from hvdlike import timeline as _timeline
 from hvdlike import Average, Sum, Min, Max, Product, ReduceOp, global_process_set  # noqa: F401
+from hvdlike.collectives import require_name
 from hvdlike.reduce_ops import as_reduce_op
 from hvdlike import ProcessSet
 
@@ -138,14 +139,16 @@ def _same_quiet(error, original):
     return error
 
 
-def _run(what, submit, inputs, out_dtypes, out_shapes, process_set=None):
+def _run(what, submit, inputs, out_dtypes, out_shapes, process_set=None, name=None):
     """Run a collective on TF tensors: ``submit(op_name, *numpy_inputs)`` hands the request
     to the engine and returns a function that waits and returns the outputs (a list).
 
     Eager: submit and wait at once (``op_name`` None: an unnamed request pairs in call order).
     Graph: a submit op and a wait op (:func:`_submit_op`, :func:`_wait_op`); a
-    ``process_set`` that is not registered raises ``ValueError`` here, as in Horovod.
+    ``process_set`` that is not registered raises ``ValueError`` here, as in Horovod. A
+    ``name`` that is not a string raises ``TypeError`` here (in a graph: when traced).
     """
+    require_name(name, f"hvdlike.tensorflow.{what}")
     if tf.executing_eagerly():
         arrays = [devices.to_core(t) for t in inputs]
         outs = _outputs(lambda: submit(None, *arrays)())  # errors at submit converted too
@@ -280,7 +283,7 @@ def _allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process
         return []
     submit = _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set)
     return _run("allreduce", submit, tensors, [t.dtype for t in tensors],
-                [t.shape for t in tensors], process_set)
+                [t.shape for t in tensors], process_set, name)
 
 
 def _allreduce_grad_op(op, what):
@@ -423,7 +426,7 @@ def _allgather_raw(tensors, name, process_set):
         return _many(_core.grouped_allgather_async(list(arrays), name=name or op_name,
                                                    process_set=process_set))
     return _run("allgather", submit, tensors, [t.dtype for t in tensors],
-                [_gathered_shape(t.shape, process_set) for t in tensors], process_set)
+                [_gathered_shape(t.shape, process_set) for t in tensors], process_set, name)
 
 
 def _allgather_grad(x, dy, name, process_set):
@@ -487,7 +490,8 @@ def _broadcast_raw(tensor, root_rank, name, process_set):
     def submit(op_name, a):
         return _one(_core.broadcast_async(a, root_rank, name=name or op_name,
                                           process_set=process_set))
-    return _run("broadcast", submit, [tensor], [tensor.dtype], [tensor.shape], process_set)[0]
+    return _run("broadcast", submit, [tensor], [tensor.dtype], [tensor.shape], process_set,
+                name)[0]
 
 
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
@@ -536,7 +540,7 @@ def _alltoall_raw(tensor, splits, name, process_set):
                  else tf.TensorShape(None))
     inputs = [tensor] if splits is None else [tensor, splits]
     return _run("alltoall", submit, inputs, [tensor.dtype, tf.int64],
-                [out_shape, tf.TensorShape([n])], process_set)
+                [out_shape, tf.TensorShape([n])], process_set, name)
 
 
 def alltoall(tensor: Any, splits: Optional[Any] = None, name: Optional[str] = None,
@@ -587,7 +591,7 @@ def _reducescatter_raw(tensors, op, prescale_factor, postscale_factor, name, pro
             return _one(_core.reducescatter_async(arrays[0], **kw))
         return _many(_core.grouped_reducescatter_async(list(arrays), **kw))
     return _run("reducescatter", submit, tensors, [t.dtype for t in tensors],
-                [_scattered_shape(t.shape, process_set) for t in tensors], process_set)
+                [_scattered_shape(t.shape, process_set) for t in tensors], process_set, name)
 
 
 def _grouped_reducescatter_with_grad(tensors, op, prescale_factor, postscale_factor, name,

@@ -1,5 +1,6 @@
 """Keras callbacks for hvdlike (names and behaviour follow horovod.keras.callbacks)."""
 import contextlib
+import numbers
 import os
 import shutil
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
@@ -128,6 +129,18 @@ class LearningRateScheduleCallback(_keras.callbacks.Callback):
                  momentum_correction: bool = True, steps_per_epoch: Optional[int] = None,
                  verbose: int = 0) -> None:
         super().__init__()
+        where = type(self).__name__
+        if not callable(multiplier) and (isinstance(multiplier, bool)
+                                         or not isinstance(multiplier, numbers.Real)):
+            raise TypeError(f"{where}: multiplier= takes a number or a function of the epoch, "
+                            f"got {type(multiplier).__name__} {multiplier!r}")
+        if end_epoch is not None and end_epoch < start_epoch:
+            raise ValueError(f"{where}: end_epoch={end_epoch} is before start_epoch="
+                             f"{start_epoch}, so the schedule would never apply; the epochs "
+                             "it covers are [start_epoch, end_epoch)")
+        if steps_per_epoch is not None and steps_per_epoch < 1:
+            raise ValueError(f"{where}: steps_per_epoch={steps_per_epoch}; pass at least 1, "
+                             "or None for Keras's count")
         self.initial_lr = initial_lr
         self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
         self.start_epoch = start_epoch
@@ -172,6 +185,9 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     def __init__(self, initial_lr: Optional[float] = None, warmup_epochs: int = 5,
                  momentum_correction: bool = True, steps_per_epoch: Optional[int] = None,
                  verbose: int = 0) -> None:
+        if warmup_epochs < 0:
+            raise ValueError(f"LearningRateWarmupCallback: warmup_epochs={warmup_epochs}; pass "
+                             "0 (no warmup) or more")
         n = _core.size()
 
         def multiplier(epoch: float) -> float:

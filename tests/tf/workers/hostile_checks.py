@@ -220,6 +220,12 @@ def _():
         ("process set as ranks, traced", lambda: tf.function(
             lambda: hvd.allreduce(x, process_set=[0]))(), "process_set= takes a ProcessSet"),
         ("name not a string", lambda: hvd.allreduce(x, name=123), "name= takes a string"),
+        ("name not a string, traced", lambda: tf.function(
+            lambda: hvd.allgather(x, name=("g", 1)))(), "name= takes a string"),
+        ("name not a string, traced broadcast", lambda: tf.function(
+            lambda: hvd.broadcast(x, 0, name=7))(), "got int 7"),
+        ("name not a string, traced reducescatter", lambda: tf.function(
+            lambda: hvd.reducescatter(tf.ones([4]), name=b"r"))(), "got bytes"),
         ("one tensor to a grouped call", lambda: hvd.grouped_allreduce(x),
          "grouped_allreduce() takes a list, got one EagerTensor"),
         ("one tensor to grouped allgather", lambda: hvd.grouped_allgather(x),
@@ -245,6 +251,33 @@ def _():
         except TypeError as e:
             outcome = "error" if text in str(e) else str(e)
         assert hvdlike.allgather_object(outcome) == ["error"] * n, (what, outcome)
+
+
+@check("callback_arguments_that_cannot_work_are_refused_on_every_rank")
+def _():
+    import hvdlike.tensorflow.keras as hvdk
+    cb = hvdk.callbacks
+    for what, make, kind, text in [
+        ("negative warmup", lambda: cb.LearningRateWarmupCallback(0.1, warmup_epochs=-1),
+         ValueError, "warmup_epochs=-1; pass 0 (no warmup) or more"),
+        ("empty schedule", lambda: cb.LearningRateScheduleCallback(0.1, 0.5, start_epoch=5,
+                                                                    end_epoch=3),
+         ValueError, "end_epoch=3 is before start_epoch=5"),
+        ("zero steps", lambda: cb.LearningRateWarmupCallback(0.1, steps_per_epoch=0),
+         ValueError, "steps_per_epoch=0; pass at least 1"),
+        ("multiplier a string", lambda: cb.LearningRateScheduleCallback(0.1, "0.5"),
+         TypeError, "multiplier= takes a number or a function of the epoch, got str"),
+    ]:
+        try:
+            make()
+            outcome = "no error"
+        except kind as e:
+            outcome = "error" if text in str(e) else str(e)
+        assert hvdlike.allgather_object(outcome) == ["error"] * n, (what, outcome)
+    # what stays accepted: no warmup, a one-epoch schedule, NumPy and plain numbers
+    cb.LearningRateWarmupCallback(0.1, warmup_epochs=0)
+    cb.LearningRateScheduleCallback(0.1, np.float32(0.5), start_epoch=2, end_epoch=2)
+    cb.LearningRateScheduleCallback(0.1, 1, start_epoch=1, end_epoch=2, steps_per_epoch=1)
 
 
 close()
