@@ -106,6 +106,28 @@ def _():
     assert_close(gb, np.ones(4))
 
 
+@check("large_eager_results_stay_intact_while_held")
+def _():
+    # large host results become tensors sharing the core's result memory (DLPack); the core
+    # must not hand that memory out again while a tensor holds it
+    big = (1 << 21) + 3  # 8 MiB of float32: single copy on one node, a 64-byte-aligned slab
+    held = []
+    for k in range(6):
+        for dt in (np.float32, np.float16, np.int64, np.uint8):
+            x = np.full(big if dt == np.float32 else 70_001, (r + 1) * (k + 1) % 60, dt)
+            y = hvd.allreduce(tf.constant(x), op=hvd.Sum)
+            assert y.dtype.as_numpy_dtype == dt, (y.dtype, dt)
+            held.append((y, sum((q + 1) * (k + 1) % 60 for q in range(n))))
+        parts = [np.full(big, r + k, np.float32), np.full((300, 257), -r - k, np.float32),
+                 np.full(5, r * k, np.float32)]
+        outs = hvd.grouped_allreduce([tf.constant(p) for p in parts], op=hvd.Sum)
+        held += [(outs[0], sum(q + k for q in range(n))), (outs[2], sum(q * k for q in range(n)))]
+        del outs  # the slab's middle view goes; the others keep the slab
+    for y, want in held:
+        v = y.numpy()
+        assert (v == want).all(), (y.dtype, y.shape, want, np.unique(v)[:5])
+
+
 @check("allgather_uneven_first_dim_and_gradient")
 def _():
     x = tf.constant(np.full((r + 1, 2), r, np.float32))
