@@ -1,9 +1,11 @@
 """Examples and Horovod-style scripts run unchanged with mpirun -np 2 and without mpirun."""
+import os
 import re
+import sys
 
 import pytest
 
-from mpi_harness import run_script, run_script_once
+from mpi_harness import launch, run_script, run_script_once
 
 EXAMPLES = {
     "keras_mnist": ("examples/keras_mnist.py", ["--epochs", "2", "--train-size", "4096"]),
@@ -163,3 +165,48 @@ def test_horovod_readme_tf1_script_runs_and_resumes_with_only_import_changed(tmp
     resumed = weights(second.output, "START")
     assert resumed["0"] == resumed["1"] == end["0"], (resumed, end)
     assert weights(second.output, "END")["1"] != end["0"]  # it trained on from there
+
+
+# Where TensorFlow put a 16 MiB tensor: whether its mapping may get transparent huge pages
+_PAGES = """
+import numpy as np, tensorflow as tf, hvdlike.tensorflow as hvd
+hvd.init()
+tensor = tf.random.normal([1 << 22])
+held = np.asarray(tensor)  # TensorFlow's memory (freed, and unmapped, with the tensor)
+at = held.ctypes.data
+eligible, inside = None, False
+with open("/proc/self/smaps") as f:
+    for line in f:
+        head = line.split(" ", 1)[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= at < hi
+        elif inside and line.startswith("THPeligible:"):
+            eligible = int(line.split()[1])
+print(f"THP_ELIGIBLE rank={hvd.rank()} {eligible}", flush=True)
+"""
+
+
+def _thp_mode():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            found = re.search(r"\[(\w+)\]", f.read())
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
+def test_tensorflows_tensors_may_get_huge_pages_under_hvdlikerun():
+    mode, libc = _thp_mode(), os.confstr("CS_GNU_LIBC_VERSION") or ""
+    if mode != "madvise":
+        pytest.skip(f"transparent huge pages are {mode!r} here, not 'madvise': the glibc "
+                    "tunable hvdlikerun sets changes nothing then")
+    version = tuple(int(x) for x in re.findall(r"\d+", libc)[:2])
+    if not libc.startswith("glibc") or version < (2, 35):
+        pytest.skip(f"C library {libc!r}: glibc.malloc.hugetlb needs glibc 2.35 or later")
+    for setting, want in (("1", 1), ("0", 0)):
+        job = launch(2, [sys.executable, "-c", _PAGES], timeout=120,
+                     env={"HVDLIKE_HUGE_PAGES": setting})
+        assert job.returncode == 0, job.output[-3000:]
+        found = sorted(re.findall(r"^THP_ELIGIBLE rank=(\d) (\S+)$", job.output, re.M))
+        assert found == [("0", str(want)), ("1", str(want))], (setting, job.output[-3000:])
