@@ -33,3 +33,21 @@ def test_bench_fusion_writes_json_and_png(tmp_path):
     assert meta["np"] == 2 and meta["tensors"] == 214
     assert meta["elements"] == sum(math.prod(s) for s in meta["shapes"])
     assert (tmp_path / "bench_fusion_np2.png").stat().st_size > 1000
+
+
+def test_bench_huge_pages_compares_both_settings_and_writes_json_and_png(tmp_path):
+    # runs bench_fusion.py --tf in two jobs, one per HVDLIKE_HUGE_PAGES setting
+    job = launch(1, [sys.executable, "scripts/bench_huge_pages.py", "--scale", "0.001",
+                     "--pairs", "1", "--repeats", "1", "--out", str(tmp_path)],
+                 timeout=400, mpi=False)
+    assert job.returncode == 0 and not job.timed_out, job.output[-5000:]
+    assert "| variant | off ms (per job) |" in job.output
+    data = json.loads((tmp_path / "bench_huge_pages.json").read_text())
+    assert set(data["results"]) == {"grouped", "tf_function", "tf_eager", "flat"}
+    for r in data["results"].values():
+        assert len(r["off_ms"]) == len(r["on_ms"]) == 1 and r["median_off_over_on"] > 0
+    for setting in ("off", "on"):  # each job checked its results and timed the TF variants
+        fusion = json.loads((tmp_path / f"{setting}_0" / "bench_fusion_np2.json").read_text())
+        assert set(fusion["results"]) == VARIANTS | {"tf_function", "tf_eager"}
+        assert set(fusion["tf_frontend"]) == {"tf_function_over_grouped", "tf_eager_over_grouped"}
+    assert (tmp_path / "bench_huge_pages.png").stat().st_size > 1000
