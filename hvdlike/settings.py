@@ -80,8 +80,6 @@ KNOWN_NAMES = frozenset({
     "HVDLIKE_STALL_CHECK_DISABLE", "HVDLIKE_LOG_LEVEL", "HVDLIKE_GPU_TRANSPORT",
     "HVDLIKE_NODE_NAMES", "HVDLIKE_STATE_DIR", "HVDLIKE_ELASTIC_MIN_NP",
     "HVDLIKE_ELASTIC_MAX_NP",
-    # read by hvdlikerun (0: leave glibc's malloc as it is, see runner.launch.huge_pages_env)
-    "HVDLIKE_HUGE_PAGES",
     # set by hvdlikerun, hvdlike.run and TF_CONFIG emulation for the ranks
     "HVDLIKE_RESTART", "HVDLIKE_RUN_ADDRESS", "HVDLIKE_RUN_AUTHKEY", "HVDLIKE_TF_BIND",
     "HVDLIKE_TF_CONFIG_HOST",

@@ -26,8 +26,8 @@ The last two separate fusion from page size. NumPy asks for transparent huge pag
 of 4 MiB and more, so the flat array gets them and most of the 214 tensors do not; the
 single-copy transport's reads pin every page of the peers' inputs, which costs per page.
 TensorFlow's tensors sit on 4 KiB pages whatever their size where THP is "madvise", unless
-glibc is asked to advise huge pages (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which
-hvdlikerun sets unless ``HVDLIKE_HUGE_PAGES=0``; scripts/bench_huge_pages.py compares the two).
+glibc is asked to advise huge pages (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``;
+scripts/bench_huge_pages.py compares jobs with and without).
 The share of each variant's inputs on huge pages is printed: exact where /proc/kpageflags can be
 read (root), else from /proc/self/smaps, which counts whole mappings and may overstate it.
 

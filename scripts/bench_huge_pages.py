@@ -6,12 +6,13 @@ Run on one node, not under MPI (it starts the jobs itself)::
     python scripts/bench_huge_pages.py [--np 2] [--pairs 2] [--repeats 7] [--scale 1.0]
         [--out results/huge_pages] [--no-plot]
 
-hvdlikerun sets ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` for the ranks unless
-``HVDLIKE_HUGE_PAGES=0``: glibc then asks for transparent huge pages for the memory it maps
-for large allocations, TensorFlow's tensors among them, which otherwise sit on 4 KiB pages
-where THP is "madvise". This runs ``scripts/bench_fusion.py --tf`` (the ResNet-50 gradient
-set, NumPy and TensorFlow variants) under ``hvdlikerun -np N`` ``--pairs`` times with each
-setting, alternating which goes first, and compares the median step times of the variants
+With ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (glibc 2.35 and later) glibc asks for
+transparent huge pages for the memory it maps for large allocations, TensorFlow's tensors
+among them, which otherwise sit on 4 KiB pages where THP is "madvise". This runs
+``scripts/bench_fusion.py --tf`` (the ResNet-50 gradient set, NumPy and TensorFlow variants)
+under ``hvdlikerun -np N`` ``--pairs`` times with ``glibc.malloc.hugetlb=0`` (off) and ``=1``
+(on) as the jobs' ``GLIBC_TUNABLES``, alternating which goes first, and compares the median
+step times of the variants
 whose inputs the setting can move (grouped: NumPy's own tensors; tf_function, tf_eager:
 TensorFlow's). A pair's ratio is off / on of one job each; reported is the median over pairs,
 with the share of TensorFlow's inputs on huge pages in each setting. Writes
@@ -27,7 +28,7 @@ from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMPARED = ("grouped", "tf_function", "tf_eager", "flat")
-SETTINGS = {"off": "0", "on": "1"}  # HVDLIKE_HUGE_PAGES
+SETTINGS = {"off": "glibc.malloc.hugetlb=0", "on": "glibc.malloc.hugetlb=1"}  # GLIBC_TUNABLES
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -52,7 +53,7 @@ def run_job(args: argparse.Namespace, setting: str, pair: int) -> Dict:
     cmd = [sys.executable, "-m", "hvdlike.runner", "-np", str(args.np), sys.executable,
            os.path.join(HERE, "bench_fusion.py"), "--tf", "--no-plot", "--out", out,
            "--repeats", str(args.repeats), "--scale", str(args.scale)]
-    env = dict(os.environ, HVDLIKE_HUGE_PAGES=SETTINGS[setting])
+    env = dict(os.environ, GLIBC_TUNABLES=SETTINGS[setting])
     print(f"bench_huge_pages: pair {pair}, huge pages {setting}", flush=True)
     done = subprocess.run(cmd, env=env, timeout=args.timeout, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, check=False)
@@ -130,7 +131,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     written = [base + ".json"]
     if not args.no_plot:
         plot(rows, f"ResNet-50 gradients all-reduce, np={args.np}, {meta['hostname']}: "
-                   "HVDLIKE_HUGE_PAGES=0 (off) and 1 (on)", base + ".png")
+                   "GLIBC_TUNABLES=glibc.malloc.hugetlb=0 (off), =1 (on)", base + ".png")
         written.append(base + ".png")
     print(f"wrote {', '.join(written)}")
     return 0

@@ -36,7 +36,7 @@ def test_bench_fusion_writes_json_and_png(tmp_path):
 
 
 def test_bench_huge_pages_compares_both_settings_and_writes_json_and_png(tmp_path):
-    # runs bench_fusion.py --tf in two jobs, one per HVDLIKE_HUGE_PAGES setting
+    # runs bench_fusion.py --tf in two jobs: glibc.malloc.hugetlb=0 and =1
     job = launch(1, [sys.executable, "scripts/bench_huge_pages.py", "--scale", "0.001",
                      "--pairs", "1", "--repeats", "1", "--out", str(tmp_path)],
                  timeout=400, mpi=False)

@@ -640,24 +640,6 @@ def test_local_job_gets_one_thread_pool_share_per_rank_unless_set():
     assert "OMP_NUM_THREADS" not in env
 
 
-def test_ranks_get_glibcs_huge_pages_tunable_unless_set_or_turned_off():
-    from hvdlike.runner.launch import huge_pages_env
-    base = {"PATH": os.defpath}
-    _, env = build_command(2, ["python", "x.py"], flavor="openmpi", mpirun="mpirun", env=base)
-    assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
-    _, env = build_command(2, ["python", "x.py"], hosts="a:1,b:1", flavor="mpich",
-                           mpirun="mpiexec", env=dict(base, GLIBC_TUNABLES="glibc.malloc.arena_max=2"))
-    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
-    assert huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) == {}  # the user's
-    assert huge_pages_env({"HVDLIKE_HUGE_PAGES": "0"}) == {}
-    _, env = build_command(2, ["python", "x.py"], flavor="openmpi", mpirun="mpirun",
-                           env=dict(base, HVDLIKE_HUGE_PAGES="0"))
-    assert "GLIBC_TUNABLES" not in env
-    with pytest.raises(LaunchError, match="HVDLIKE_HUGE_PAGES='no': set it to 1"):
-        build_command(2, ["python", "x.py"], flavor="openmpi", mpirun="mpirun",
-                      env=dict(base, HVDLIKE_HUGE_PAGES="no"))
-
-
 def test_oversubscribed_hosts_get_mpi_yield_when_idle_unless_set():
     from hvdlike.runner.launch import build_command
     cores = local_cores()

@@ -62,24 +62,6 @@ def forwarded_env_names(env: Mapping[str, str]) -> List[str]:
     )
 
 
-def huge_pages_env(env: Mapping[str, str]) -> Dict[str, str]:
-    """``{"GLIBC_TUNABLES": ...}`` with ``glibc.malloc.hugetlb=1`` added to what ``env`` sets,
-    or ``{}`` where ``env`` sets that tunable itself or ``HVDLIKE_HUGE_PAGES=0``.
-
-    With it glibc asks for transparent huge pages for the memory it maps for large
-    allocations, TensorFlow's tensors among them (without it they sit on 4 KiB pages, where
-    THP is "madvise", as on Debian and Ubuntu). The on-node single-copy all-reduce pins every
-    page it reads, so the gradients' all-reduce gets faster (docs/performance.md). glibc
-    before 2.35, and other C libraries, ignore it. LaunchError for another value than 0 or 1."""
-    setting, tunables = env.get("HVDLIKE_HUGE_PAGES", "1"), env.get("GLIBC_TUNABLES", "")
-    if setting not in ("0", "1"):
-        raise LaunchError(f"HVDLIKE_HUGE_PAGES={setting!r}: set it to 1 (glibc advises huge "
-                          "pages, the default) or 0 (leave glibc's malloc as it is)")
-    if setting == "0" or "glibc.malloc.hugetlb=" in tunables:
-        return {}
-    return {"GLIBC_TUNABLES": ":".join(t for t in (tunables, "glibc.malloc.hugetlb=1") if t)}
-
-
 def local_cores() -> int:
     """Physical cores this process may run on: the local slot count Open MPI assumes."""
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
@@ -233,8 +215,7 @@ def build_command(
 
     The returned env is a new dict: ``env`` plus what the job needs (Open MPI as root:
     ``OMPI_ALLOW_RUN_AS_ROOT{,_CONFIRM}=1``; Open MPI: ``OMPI_MCA_osc=^ucx`` unless set; a
-    local job: ``OMP_NUM_THREADS`` = cores // np unless set; ``GLIBC_TUNABLES`` with
-    ``glibc.malloc.hugetlb=1``, see ``huge_pages_env``).
+    local job: ``OMP_NUM_THREADS`` = cores // np unless set).
     Raises LaunchError with an actionable message when the request cannot work.
     """
     if isinstance(np, bool) or not isinstance(np, int) or np < 1:
@@ -255,7 +236,6 @@ def build_command(
     extra = shlex.split(mpi_args) if isinstance(mpi_args, str) else list(mpi_args)
     binding = shlex.split(binding_args)
     child_env = dict(os.environ if env is None else env)
-    child_env.update(huge_pages_env(child_env))
     search_path = child_env.get("PATH", os.defpath)
     flavor = _as_flavor(flavor) if flavor is not None else None
 
