@@ -164,6 +164,17 @@ def test_a_malformed_host_list_is_refused_before_anything_starts():
         hvdlike.run(np.sum, num_proc=2, hosts="a:0,b")
 
 
+def test_a_job_hvdlikerun_would_refuse_is_refused_before_anything_starts():
+    # Open MPI (the embedded default) refuses more ranks than the hosts' slots
+    with pytest.raises(ValueError, match=r"hvdlike.run: hvdlikerun refuses this job: -np 3 asks "
+                                         r"for more ranks than -H localhost:2 has slots .*"
+                                         r"num_proc is its -np, hosts its -H"):
+        hvdlike.run(np.sum, num_proc=3, hosts="localhost:2")
+    with pytest.raises(ValueError, match="hvdlike.run: hvdlikerun refuses this job: hostfile "
+                                         "'/no/such/hostfile' does not exist"):
+        hvdlike.run(np.sum, num_proc=2, hostfile="/no/such/hostfile")
+
+
 def test_network_interface_picks_the_address_the_ranks_are_told():
     """Names or subnets, the first that this machine has; None when it has none of them
     (then the route is used, as without the argument)."""

@@ -79,6 +79,8 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     if use_gloo or use_mpi is False:
         flags.append("--gloo")  # hvdlikerun notes that the job uses MPI
     job = _payload(func, tuple(args), dict(kwargs or {}))
+    program = [executable or sys.executable, "-m", "hvdlike.runner.run_func"]
+    _check_launch(flags, program)
     key = os.urandom(32)
     local = hosts is None and hostfile is None
     chosen = _interface_address(network_interface) if network_interface and not local else None
@@ -94,8 +96,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
         outcomes: Dict[int, Tuple[str, Any]] = {}
         server = threading.Thread(target=_serve, args=(listener, job, outcomes), daemon=True)
         server.start()
-        command = [sys.executable, "-m", "hvdlike.runner", *flags, "--",
-                   executable or sys.executable, "-m", "hvdlike.runner.run_func"]
+        command = [sys.executable, "-m", "hvdlike.runner", *flags, "--", *program]
         try:
             returncode = _wait(subprocess.Popen(command, env=env))
         finally:
@@ -133,6 +134,25 @@ def _check(num_proc: Any, hosts: Any, hostfile: Any, slots: Any, reset_limit: An
         if value is not None:
             raise ValueError(f"hvdlike.run: {name} is for Horovod's host discovery, which "
                              "hvdlike's elastic mode does not have (docs/horovod.md); drop it")
+
+
+def _check_launch(flags: List[str], program: List[str]) -> None:
+    """ValueError with hvdlikerun's reason where it would refuse to start ``program`` with
+    ``flags`` (too many ranks for the hosts' slots, no MPI launcher, ...): its ``--dry-run``
+    builds the MPI command and starts nothing."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "hvdlike.runner", *flags, "--dry-run",
+                               "--", *program], stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired:
+        return  # the launch itself will say what hangs
+    if done.returncode == 0:
+        return
+    said = [line for line in done.stderr.splitlines() if line.startswith("hvdlikerun: error: ")]
+    reason = said[-1][len("hvdlikerun: error: "):] if said else done.stderr.strip()[-2000:]
+    raise ValueError(f"hvdlike.run: hvdlikerun refuses this job: {reason} (hvdlike.run's "
+                     "num_proc is its -np, hosts its -H, hostfile its --hostfile, mpi_args its "
+                     "--mpi-args)")
 
 
 def _payload(func: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bytes:
