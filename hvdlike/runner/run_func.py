@@ -55,7 +55,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     caches no checks); ``start_timeout`` and ``use_gloo`` (or ``use_mpi=False``) change
     nothing either, with hvdlikerun's note saying why. Raises ValueError for arguments hvdlike
     cannot honour (``min_num_proc``, ``max_num_proc``, ``slots``, ``reset_limit``,
-    ``cooldown_range``) and RuntimeError when
+    ``cooldown_range``) or a job hvdlikerun would refuse, and RuntimeError when
     ``func`` raised on a rank (naming the ranks, with the first one's traceback) or the job
     ended before every rank returned."""
     if _ADDRESS in os.environ:  # this process is a rank of hvdlike.run
