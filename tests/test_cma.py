@@ -68,3 +68,11 @@ def test_a_refused_copy_raises_with_the_reason():
     buf = np.zeros(8, np.uint8)
     with pytest.raises(cma.CopyFailed, match="Operation not permitted"):
         cma._Copier(refused)(os.getpid(), [(buf.ctypes.data, buf.ctypes.data, 8)])
+
+
+def test_address_is_the_first_bytes_address_for_every_kind_of_array():
+    base = np.arange(64, dtype=np.float32)
+    readonly = base[8:16].copy()
+    readonly.flags.writeable = False
+    for a in (base, base[8:16], readonly, np.empty(0, np.float64), np.zeros((3, 4), np.int8)):
+        assert cma._address(a) == a.ctypes.data
