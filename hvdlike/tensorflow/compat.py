@@ -50,14 +50,15 @@ def loss_scale_optimizer_class() -> type:
     return k.mixed_precision.LossScaleOptimizer
 
 
-def keras3_auto_jit_owner() -> Any:
-    """The Keras 3 class whose ``_resolve_auto_jit_compile`` turns ``compile(jit_compile=
-    "auto")`` into on or off (private; found on ``keras.Model``'s bases so the module path
-    does not matter), or None with tf_keras or where Keras no longer has it."""
+def keras3_model_method_owner(name: str) -> Any:
+    """The Keras 3 class that defines ``keras.Model``'s method ``name`` (found on its bases,
+    so the module path does not matter), or None with tf_keras or where Keras no longer has
+    it. hvdlike wraps two: ``_resolve_auto_jit_compile`` (private; turns
+    ``compile(jit_compile="auto")`` into on or off) and ``compile``."""
     if use_legacy_keras():
         return None
     for cls in keras().Model.__mro__:
-        if "_resolve_auto_jit_compile" in vars(cls):
+        if name in vars(cls):
             return cls
     return None  # pragma: no cover - another Keras layout
 

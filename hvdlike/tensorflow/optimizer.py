@@ -5,6 +5,7 @@ built from ``opt.get_config()``; the subclass reduces the gradients across ranks
 (one fused allreduce per step) before the wrapped class applies them, so clipping,
 weight decay, loss scaling and EMA all see the averaged gradient.
 """
+import functools
 from typing import Any, Callable, Dict, Optional, Sequence
 import tensorflow as tf
 
@@ -409,7 +410,7 @@ def _no_auto_xla_with_distributed_optimizers():
     hvdlike's collectives cannot run inside XLA (the step would raise at trace time). With a
     DistributedOptimizer "auto" now means off, as Keras does under tf.distribute for the same
     reason; an explicit ``jit_compile=True`` still raises, saying what to do. Installed once."""
-    owner = compat.keras3_auto_jit_owner()
+    owner = compat.keras3_model_method_owner("_resolve_auto_jit_compile")
     if owner is None or getattr(owner._resolve_auto_jit_compile, "_hvdlike_resolves", False):
         return
     owner._resolve_auto_jit_compile = _auto_jit_off_when_distributed(
@@ -417,6 +418,36 @@ def _no_auto_xla_with_distributed_optimizers():
 
 
 _no_auto_xla_with_distributed_optimizers()
+
+
+def _compile_taking_horovods_flag(compile_: Callable[..., Any]) -> Callable[..., Any]:
+    """Keras 3's ``Model.compile``, which with a distributed optimizer also takes (and drops)
+    ``experimental_run_tf_function``, the tf_keras argument Horovod's Keras examples pass."""
+    @functools.wraps(compile_)
+    def compile(self, *args, **kwargs):
+        optimizer = kwargs.get("optimizer", args[0] if args else None)
+        if "experimental_run_tf_function" in kwargs and \
+                _wraps_a_distributed_optimizer(optimizer):
+            kwargs.pop("experimental_run_tf_function")
+        return compile_(self, *args, **kwargs)
+
+    compile._hvdlike_takes_horovods_flag = True
+    return compile
+
+
+def _take_horovods_compile_flag():
+    """Horovod's Keras examples call ``model.compile(..., experimental_run_tf_function=False)``
+    so that tf_keras applies gradients through the optimizer. Keras 3 removed the argument
+    (its ``fit`` always does that) and refuses it; with a DistributedOptimizer it is now
+    accepted and ignored, so that such a script runs with only its import line changed.
+    Without one, Keras's own TypeError stands. Installed once."""
+    owner = compat.keras3_model_method_owner("compile")
+    if owner is None or getattr(owner.compile, "_hvdlike_takes_horovods_flag", False):
+        return
+    owner.compile = _compile_taking_horovods_flag(owner.compile)
+
+
+_take_horovods_compile_flag()
 
 
 def distributed_optimizer_classes(custom_optimizers: Optional[Sequence[type]] = None,

@@ -8,7 +8,8 @@ from mpi_harness import run_script_once
 CHECKS = ["hostile_tensorflow_calls_give_numpy_or_the_documented_error_on_every_rank",
           "unpicklable_object_and_bad_process_sets_raise_on_every_rank",
           "wrong_kinds_of_arguments_say_what_is_expected_on_every_rank",
-          "callback_arguments_that_cannot_work_are_refused_on_every_rank"]
+          "callback_arguments_that_cannot_work_are_refused_on_every_rank",
+          "keras3_compile_takes_horovods_flag_only_with_a_distributed_optimizer"]
 
 
 @pytest.mark.parametrize("np_", [2, 4])

@@ -53,8 +53,7 @@ def test_keras_mnist_example_learns_on_synthetic_data():
 
 @pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "tf_keras"])
 def test_horovod_style_keras_fit_script_runs_with_only_import_changed(legacy):
-    args = ["--legacy"] if legacy == "1" else []
-    res = run_script(2, "horovod_style_keras.py", *args, timeout=240,
+    res = run_script(2, "horovod_style_keras.py", timeout=240,
                   env={"TF_USE_LEGACY_KERAS": legacy})
     assert res.returncode == 0, res.output[-5000:]
     assert len(re.findall(r"^HOROVOD_STYLE_KERAS_OK rank=\d", res.output, re.M)) == 2

@@ -2,7 +2,6 @@
 # (horovod/examples/tensorflow2/tensorflow2_keras_mnist.py).  Only the import line
 # differs: `import horovod.tensorflow.keras as hvd` -> `import hvdlike.tensorflow.keras as hvd`.
 # Data: synthetic arrays instead of tf.keras.datasets.mnist.load_data() (no internet here).
-import sys
 
 import numpy as np
 import tensorflow as tf
@@ -46,14 +45,12 @@ opt = tf.optimizers.Adam(scaled_lr)
 opt = hvd.DistributedOptimizer(
     opt, backward_passes_per_step=1, average_aggregated_gradients=True)
 
-# as in Horovod's example: experimental_run_tf_function=False (tf_keras only; Keras 3 removed it)
-compile_kwargs = {}
-if "--legacy" in sys.argv:
-    compile_kwargs["experimental_run_tf_function"] = False
+# as in Horovod's example (Keras 3 removed the argument; with a DistributedOptimizer
+# hvdlike lets compile take it and drops it)
 mnist_model.compile(loss=tf.losses.SparseCategoricalCrossentropy(),
                     optimizer=opt,
                     metrics=['accuracy'],
-                    **compile_kwargs)
+                    experimental_run_tf_function=False)
 
 callbacks = [
     # rank 0's starting weights everywhere

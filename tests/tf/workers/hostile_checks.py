@@ -280,4 +280,35 @@ def _():
     cb.LearningRateScheduleCallback(0.1, 1, start_epoch=1, end_epoch=2, steps_per_epoch=1)
 
 
+@check("keras3_compile_takes_horovods_flag_only_with_a_distributed_optimizer")
+def _():
+    # Horovod's Keras examples pass compile(experimental_run_tf_function=False); Keras 3
+    # refuses the argument, hvdlike drops it for a model whose optimizer is distributed
+    import keras
+    import hvdlike.tensorflow.keras as hvdk
+
+    def model():
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, "relu", True, "ones")])
+    try:
+        model().compile(optimizer=keras.optimizers.SGD(0.1), loss="mse",
+                        experimental_run_tf_function=False)
+        outcome = "no error"
+    except TypeError as e:
+        outcome = "error" if "experimental_run_tf_function" in str(e) else str(e)
+    assert hvdlike.allgather_object(outcome) == ["error"] * n, outcome
+    x, y = np.full((4, 3), r + 1, np.float32), np.ones((4, 2), np.float32)  # rank's own data
+    for how in ("keyword", "positional", "loss-scaled"):
+        m = model()
+        opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1))
+        if how == "loss-scaled":
+            opt = keras.optimizers.LossScaleOptimizer(opt)
+        if how == "positional":
+            m.compile(opt, "mse", experimental_run_tf_function=False)
+        else:
+            m.compile(optimizer=opt, loss="mse", experimental_run_tf_function=True)
+        m.fit(x, y, epochs=1, verbose=0)
+        weights = hvdlike.allgather_object([w.tolist() for w in m.get_weights()])
+        assert all(w == weights[0] for w in weights), how
+
+
 close()
