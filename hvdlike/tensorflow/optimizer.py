@@ -450,6 +450,38 @@ def _take_horovods_compile_flag():
 _take_horovods_compile_flag()
 
 
+class _VariableList(list):
+    """Keras 3's ``optimizer.variables``: the list, which may also be called (returning
+    itself) as tf_keras's method ``optimizer.variables()`` is."""
+
+    def __call__(self) -> "_VariableList":
+        return self
+
+
+def _optimizer_variables_also_callable():
+    """Horovod's TF2 examples broadcast ``opt.variables()``: a method in tf_keras, a property
+    holding a list in Keras 3 ("'list' object is not callable"). Keras 3's property now
+    returns a list that can also be called, so such a script runs with only its import line
+    changed; everything else still sees a list. Installed once."""
+    if compat.use_legacy_keras():
+        return
+    owner = next((c for c in compat.keras().optimizers.Optimizer.__mro__
+                  if "variables" in vars(c)), None)
+    prop = vars(owner)["variables"] if owner is not None else None
+    if not isinstance(prop, property) or getattr(prop.fget, "_hvdlike_callable", False):
+        return  # pragma: no cover - another Keras layout, or installed already
+    keras_variables = prop.fget
+
+    def variables(self):
+        return _VariableList(keras_variables(self))
+
+    variables._hvdlike_callable = True
+    owner.variables = property(variables, prop.fset, prop.fdel, prop.__doc__)
+
+
+_optimizer_variables_also_callable()
+
+
 def distributed_optimizer_classes(custom_optimizers: Optional[Sequence[type]] = None,
                                   **settings: Any) -> Dict[str, type]:
     """``{class name: distributed subclass}`` for load_model's custom_objects."""

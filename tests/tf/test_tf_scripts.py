@@ -59,9 +59,10 @@ def test_horovod_style_keras_fit_script_runs_with_only_import_changed(legacy):
     assert len(re.findall(r"^HOROVOD_STYLE_KERAS_OK rank=\d", res.output, re.M)) == 2
 
 
-def test_horovod_style_custom_loop_script_runs_with_only_import_changed():
+@pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "tf_keras"])
+def test_horovod_style_custom_loop_script_runs_with_only_import_changed(legacy):
     res = run_script(2, "horovod_style_custom_loop.py", timeout=240,
-                  env={"TF_USE_LEGACY_KERAS": "1"})
+                  env={"TF_USE_LEGACY_KERAS": legacy})
     assert res.returncode == 0, res.output[-5000:]
     assert len(re.findall(r"^HOROVOD_STYLE_CUSTOM_LOOP_OK rank=\d", res.output, re.M)) == 2
 

@@ -1,8 +1,8 @@
 # A training script written in Horovod's documented TF2 custom-loop style
 # (horovod/examples/tensorflow2/tensorflow2_mnist.py).  Only the import line
 # differs: `import horovod.tensorflow as hvd` -> `import hvdlike.tensorflow as hvd`.
-# Run it with TF_USE_LEGACY_KERAS=1 (tf_keras, the Keras Horovod documents): under Keras 3,
-# `opt.variables()` is Keras's own API change to the property `opt.variables`.
+# Runs under Keras 3 and tf_keras (TF_USE_LEGACY_KERAS=1, the Keras Horovod documents):
+# Keras 3 made `opt.variables()` a property holding a list, which hvdlike makes callable.
 # Data: synthetic arrays instead of tf.keras.datasets.mnist.load_data() (no internet here).
 import numpy as np
 import tensorflow as tf
@@ -73,4 +73,6 @@ for batch, (images, labels) in enumerate(dataset.take(40 // hvd.size())):
 
 weights = hvd.allgather_object([w.numpy().sum() for w in mnist_model.variables])
 assert all(np.array_equal(w, weights[0]) for w in weights), "ranks differ"
+slots = hvd.allgather_object([np.asarray(v).sum() for v in opt.variables()])
+assert len(slots[0]) > 1 and all(np.array_equal(s, slots[0]) for s in slots), "optimizers differ"
 print(f"HOROVOD_STYLE_CUSTOM_LOOP_OK rank={hvd.rank()}", flush=True)
