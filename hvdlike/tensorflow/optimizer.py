@@ -458,28 +458,59 @@ class _VariableList(list):
         return self
 
 
-def _optimizer_variables_also_callable():
-    """Horovod's TF2 examples broadcast ``opt.variables()``: a method in tf_keras, a property
-    holding a list in Keras 3 ("'list' object is not callable"). Keras 3's property now
-    returns a list that can also be called, so such a script runs with only its import line
-    changed; everything else still sees a list. Installed once."""
+def _learning_rate_alias() -> property:
+    """tf_keras's ``lr``: ``learning_rate`` under the name Horovod's Keras examples use. A
+    Keras 3 variable comes as the ``tf.Variable`` it holds, as in tf_keras, so that
+    ``tf.keras.backend.set_value(opt.lr, x)`` / ``get_value`` work on it."""
+    def lr(self):
+        rate = self.learning_rate
+        return rate.value if isinstance(rate, compat.keras().Variable) else rate
+
+    def set_lr(self, value):
+        self.learning_rate = value
+
+    return property(lr, set_lr, doc="The learning rate (tf_keras's name, kept by hvdlike).")
+
+
+def _keras2_names_on_keras3_optimizers():
+    """Horovod's TF2 examples use two names of tf_keras optimizers that Keras 3 dropped:
+    ``opt.variables()`` (a method there, a property holding a list in Keras 3: "'list'
+    object is not callable") and ``opt.lr`` (the elastic Keras example resets the learning
+    rate through it after a rank died). Keras 3's ``variables`` now returns a list that can
+    also be called, and ``lr`` is ``learning_rate`` again, so such a script runs with only
+    its import line changed; everything else is as Keras made it. Installed once."""
     if compat.use_legacy_keras():
         return
-    owner = next((c for c in compat.keras().optimizers.Optimizer.__mro__
-                  if "variables" in vars(c)), None)
-    prop = vars(owner)["variables"] if owner is not None else None
-    if not isinstance(prop, property) or getattr(prop.fget, "_hvdlike_callable", False):
-        return  # pragma: no cover - another Keras layout, or installed already
+    base = next((c for c in compat.keras().optimizers.Optimizer.__mro__
+                 if "variables" in vars(c)), None)
+    if base is None:  # pragma: no cover - another Keras layout
+        return
+    classes, seen = [base], set()
+    while classes:  # Keras's optimizers that define ``variables`` (LossScaleOptimizer does)
+        cls = classes.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        classes.extend(cls.__subclasses__())
+        prop = vars(cls).get("variables")
+        if isinstance(prop, property) and not getattr(prop.fget, "_hvdlike_callable", False):
+            cls.variables = _callable_variables(prop)
+    if not hasattr(base, "lr"):
+        base.lr = _learning_rate_alias()
+
+
+def _callable_variables(prop: property) -> property:
+    """Keras's ``variables`` property ``prop``, returning a list that may also be called."""
     keras_variables = prop.fget
 
     def variables(self):
         return _VariableList(keras_variables(self))
 
     variables._hvdlike_callable = True
-    owner.variables = property(variables, prop.fset, prop.fdel, prop.__doc__)
+    return property(variables, prop.fset, prop.fdel, prop.__doc__)
 
 
-_optimizer_variables_also_callable()
+_keras2_names_on_keras3_optimizers()
 
 
 def distributed_optimizer_classes(custom_optimizers: Optional[Sequence[type]] = None,

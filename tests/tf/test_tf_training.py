@@ -35,6 +35,7 @@ CHECKS = [
     "embedding_indexed_slices_gradients_match_reference",
     "mixed_precision_loss_scale_inside_outside_and_compile_wrapped",
     "jit_compile_auto_is_off_with_a_distributed_optimizer",
+    "keras3_optimizers_answer_to_the_tf_keras_names_horovod_examples_use",
     "shard_dataset_data_and_file_policies",
     "sync_batch_norm_equals_one_process_on_the_global_batch",
     "process_set_gradients_are_averaged_in_the_set_and_others_keep_their_own",

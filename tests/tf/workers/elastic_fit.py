@@ -3,9 +3,11 @@
 Every rank fits the same model on its own shard (a function of its rank and the world size)
 with hvdlike.elastic's KerasState and callbacks, committing after every epoch. The last rank
 kills itself with SIGKILL in the middle of epoch 1. The survivors go back to the state
-committed after epoch 0 and fit epochs 1.. on three ranks. Checks: training finishes, every
-survivor has the same weights, and they equal a single process that fits epoch 0 on the
-four shards' global batches and the later epochs on the three survivors' global batches.
+committed after epoch 0, set a new learning rate as Horovod's elastic Keras example does
+(``tf.keras.backend.set_value(model.optimizer.lr, ...)``) and fit epochs 1.. on three
+ranks. Checks: training finishes, every survivor has the same weights, and they equal a
+single process that fits epoch 0 on the four shards' global batches and the later epochs
+on the three survivors' global batches at the new learning rate.
 ``--with-ft ulfm`` is what lets the survivors go on. Under ``hvdlikerun --max-np 4`` a new
 rank starts in place of the dead one: it runs this script from the top, joins in
 ``hvd.init()``, takes the committed state from rank 0, and epochs 1.. run on four ranks.
@@ -20,6 +22,7 @@ import hvdlike.tensorflow.keras as hvdk
 
 keras = compat.keras()
 BATCH, STEPS, EPOCHS, KILL_EPOCH, KILL_BATCH = 4, 5, 4, 1, 2
+LR, LR_AFTER = 0.05, 0.03  # the learning rate before and after the reset
 FIRST_SIZE = hvd.size()
 VICTIM = FIRST_SIZE - 1
 REPLACED = "HVDLIKE_ELASTIC_MAX_NP" in os.environ  # hvdlikerun --max-np
@@ -37,7 +40,7 @@ def build(distributed):
     keras.utils.set_random_seed(7)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, activation="tanh"),
                               keras.layers.Dense(1)])
-    opt = keras.optimizers.SGD(0.05, momentum=0.5)
+    opt = keras.optimizers.SGD(LR, momentum=0.5)
     model.compile(optimizer=hvdk.DistributedOptimizer(opt) if distributed else opt, loss="mse")
     return model
 
@@ -56,7 +59,15 @@ class Victim(keras.callbacks.Callback):
 model = build(distributed=True)
 state = hvdk.elastic.KerasState(model, epoch=0, batch=0)
 sizes = {}  # world size per epoch started; -1: reset seen
-state.register_reset_callbacks([lambda: sizes.update({-1: True})])
+
+
+def on_state_reset():
+    sizes[-1] = True
+    # as Horovod's elastic Keras example does (tf_keras names; Keras 3 dropped `lr`)
+    tf.keras.backend.set_value(state.model.optimizer.lr, LR_AFTER)
+
+
+state.register_reset_callbacks([on_state_reset])
 
 
 @hvdk.elastic.run
@@ -97,6 +108,8 @@ def _():
     reference = build(distributed=False)
     for epoch in range(EPOCHS):
         size = FIRST_SIZE if epoch < KILL_EPOCH else AFTER
+        if epoch == KILL_EPOCH:
+            reference.optimizer.learning_rate.assign(LR_AFTER)
         shards = [shard(r, size) for r in range(size)]
         x = np.concatenate([s[0][i * BATCH:(i + 1) * BATCH] for i in range(STEPS) for s in shards])
         y = np.concatenate([s[1][i * BATCH:(i + 1) * BATCH] for i in range(STEPS) for s in shards])

@@ -668,6 +668,30 @@ if not compat.use_legacy_keras():  # tf_keras has no "auto": it compiles with XL
         assert m.jit_compile is False
         same_on_every_rank(m.get_weights(), "weights")
 
+    @check("keras3_optimizers_answer_to_the_tf_keras_names_horovod_examples_use")
+    def _():
+        """``opt.variables()`` (Horovod's custom-loop example broadcasts it) and ``opt.lr``
+        with ``tf.keras.backend.set_value`` / ``get_value`` (its elastic Keras example resets
+        the learning rate so): tf_keras names Keras 3 dropped, which hvdlike puts back."""
+        LSO, SGD = keras.mixed_precision.LossScaleOptimizer, keras.optimizers.SGD
+        for opt, fit in ((SGD(0.1, momentum=0.9), False),
+                         (hvdk.DistributedOptimizer(SGD(0.1, momentum=0.9)), True),
+                         (LSO(hvdk.DistributedOptimizer(SGD(0.1, momentum=0.9))), True)):
+            kind = type(opt).__name__
+            if not fit:
+                opt.build(make_model().trainable_variables)
+            m = fit_distributed(opt) if fit else None
+            variables = opt.variables
+            assert isinstance(variables, list) and len(variables) > 0, kind
+            assert [id(v) for v in opt.variables()] == [id(v) for v in variables], kind
+            assert float(tf.keras.backend.get_value(opt.lr)) == np.float32(0.1), kind
+            tf.keras.backend.set_value(opt.lr, 0.25)
+            assert float(np.asarray(opt.learning_rate)) == 0.25, kind
+            opt.lr = 0.5
+            assert float(np.asarray(opt.learning_rate)) == 0.5, kind
+            if m is not None:
+                same_on_every_rank(m.get_weights(), f"weights, {kind}")
+
 
 @check("shard_dataset_data_and_file_policies")
 def _():
