@@ -148,6 +148,12 @@ def run(func: _F) -> _F:
             except BaseException as exc:
                 if runtime.failure() is None:
                     raise
+                ender = runtime.ended_by()
+                if ender is not None:  # a bug, not a crash: recovering would only repeat it
+                    raise RuntimeError(
+                        f"hvdlike.elastic: rank {ender} ended the job on an uncaught exception "
+                        "(its traceback is in its output); the survivors end too instead of "
+                        "recovering") from exc
                 logger.info(f"elastic: {type(exc).__name__} after ranks died; restoring the "
                             "last committed state and going on with the survivors")
                 state.restore()

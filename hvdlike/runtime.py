@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any, List, Optional, Sequence
 
 from . import process_sets as _ps
+from .abort_notice import AbortNotice
 from .errors import NotInitializedError
 from . import log, session_dirs, timeline
 from .settings import Settings, with_horovod_names
@@ -42,6 +43,7 @@ class _State:
     node_of_rank: List[int]  # per world rank: the world rank of its node's local rank 0
     engine: Any = None  # hvdlike.engine.Engine: all collective communication goes through it
     previous_excepthook: Optional[Any] = None
+    abort_notice: Optional[AbortNotice] = None  # under ULFM (abort_notice.py)
 
     @functools.cached_property
     def nodes_in_blocks(self) -> bool:
@@ -130,6 +132,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered.append(True)
+    if size > 1 and _ulfm():  # every rank alike, whatever its abort_on_exception
+        _state.abort_notice = AbortNotice(MPI, world)
     abort = settings.abort_on_exception if abort_on_exception is None else abort_on_exception
     if abort and size > 1:
         _install_abort_hook(_state)
@@ -282,6 +286,8 @@ def _install_abort_hook(st: _State) -> None:
             "(opt out: hvdlike.init(abort_on_exception=False) or HVDLIKE_ABORT_ON_EXCEPTION=0)\n")
         sys.stderr.flush()
         sys.stdout.flush()
+        if st.abort_notice is not None:  # ULFM: so that elastic.run does not recover from it
+            st.abort_notice.send()
         if st.engine is not None and st.engine.failure is not None:
             # Ranks died under ULFM: Open MPI 5's prterun deadlocked now and then when the
             # survivors called MPI_Abort, so exit instead; the first exit ends the job. A rank
@@ -302,7 +308,7 @@ def _abort(world: Any, rank: int) -> None:
     millisecond (every rank raising the same error), with every rank gone; 10 ms apart it never
     did in our runs. So there the ranks abort in rank order, 20 ms apart (at most 1.3 s late):
     the first abort ends the job before the next one starts."""
-    if os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes"):
+    if _ulfm():
         time.sleep(0.02 * min(rank, 64))
     _exit_soon()
     world.Abort(1)
@@ -369,6 +375,8 @@ def shutdown() -> None:
     st.engine.stop()
     timeline.stop_timeline()
     _ps._release_all()
+    if st.abort_notice is not None:
+        st.abort_notice.free()
     for comm in (st.cross_comm, st.local_comm, st.world):
         comm.Free()
     if st.previous_excepthook is not None:
@@ -383,6 +391,19 @@ def is_initialized() -> bool:
 def failure() -> Optional[Exception]:
     """The RanksFailedError of this world when ranks died under ULFM, else None."""
     return None if _state is None else _state.engine.failure
+
+
+def ended_by() -> Optional[int]:
+    """Under ULFM, after ranks died: the rank that ended the job on an uncaught exception
+    (it said so before it left), or None when no rank did (they crashed or were killed)."""
+    if _state is None or _state.abort_notice is None:
+        return None
+    return _state.abort_notice.sender()
+
+
+def _ulfm() -> bool:
+    """Whether the job runs with ULFM (``--with-ft ulfm``: a dead rank does not end it)."""
+    return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes")
 
 
 def shrink_after_failure(min_size: int = 1, max_size: int = 0) -> List[int]:

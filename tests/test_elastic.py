@@ -105,6 +105,21 @@ def test_max_np_starts_new_ranks_in_place_of_the_dead(np_, victim, mode, flags):
                         f"and a new rank joined as rank {np_ - 1}"]
 
 
+def test_a_bug_every_survivor_hits_ends_the_job_instead_of_replacing_ranks_forever():
+    """The survivors' reset callback raises. They leave (an uncaught exception), and to the
+    rank started in place of the dead one that looks like more ranks dying: before the abort
+    notice it started new ranks in their place, which met the same bug, and so on until the
+    job was killed. Now the survivors say they ended the job, and the new rank ends too."""
+    job, _ = _run(3, "reset_bug", 2, ["--max-np", "3"])
+    assert job.returncode != 0, job.output[-4000:]
+    assert "ValueError: a bug in a reset callback on rank" in job.output
+    assert re.search(r"RuntimeError: hvdlike.elastic: rank [01] ended the job on an uncaught "
+                     r"exception \(its traceback is in its output\); the survivors end too "
+                     r"instead of recovering", job.output), job.output[-4000:]
+    assert job.output.count("WARNING: elastic:") <= 1, job.output[-4000:]  # no second round
+    assert "RESULT " not in job.output
+
+
 def test_max_np_without_a_free_slot_goes_on_with_the_survivors():
     """Plain mpirun, 2 ranks on 2 slots (hvdlikerun would add --oversubscribe): Open MPI keeps
     the dead rank's slot, the spawn fails, and the survivor goes on alone. Open MPI then

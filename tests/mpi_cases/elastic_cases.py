@@ -12,6 +12,8 @@ that replaced dead ranks under ``hvdlikerun --max-np``):
 - ``caught``: ``plain``, and the script catches the error by Horovod's name for it
   (``hvdlike.common.exceptions.HorovodInternalError``) and prints ``CAUGHT``;
 - ``always``: ``before``, in every run of a restarted job;
+- ``reset_bug``: ``before``, and the survivors' reset callback raises (a bug every
+  survivor hits);
 - ``oom``: before that step's all-reduce the victim joins the memory cgroup named by
   ``HVDLIKE_TEST_OOM_CGROUP`` (cgroup v1, made by the test with a small limit) and allocates
   until the kernel's OOM killer kills it.
@@ -57,6 +59,10 @@ def main() -> None:
     state = hvd.elastic.ObjectState(step=0, w=np.zeros(DIM), sizes=[])
     resets = []
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+    if mode == "reset_bug":
+        def bug() -> None:
+            raise ValueError(f"a bug in a reset callback on rank {hvd.rank()}")
+        state.register_reset_callbacks([bug])
 
     def train(state: hvd.elastic.ObjectState) -> None:
         while state.step < steps:
@@ -65,7 +71,7 @@ def main() -> None:
                      and not resets and not replacement)
             if dying and mode == "oom":
                 run_out_of_memory()
-            if dying and mode in ("before", "plain", "caught", "always"):
+            if dying and mode in ("before", "plain", "caught", "always", "reset_bug"):
                 die()
             g = gradient(hvd.rank(), hvd.size(), state.step)
             handle = hvd.allreduce_async(g, name="grad")
