@@ -163,9 +163,7 @@ def _join_parents(MPI: ModuleType) -> Optional[Any]:
     _replacement.append(True)
     merged = parents.Merge(high=True)
     parents.Free()  # Open MPI crashes in MPI_Finalize while a spawn's communicators live
-    if not _finalize_registered:
-        atexit.register(_finalize_with_deadline)
-        _finalize_registered.append(True)
+    finalize_with_deadline_at_exit()
     return merged
 
 
@@ -317,16 +315,27 @@ def _abort(world: Any, rank: int) -> None:
 _finalize_registered: List[bool] = []
 
 
+def finalize_with_deadline_at_exit() -> None:
+    """Once ranks have died under ULFM: at exit, shut down and finalize MPI with a deadline
+    (``_finalize_with_deadline``), whether or not an elastic reset follows. A script that
+    catches the error itself and returns otherwise ended in mpi4py's MPI_Finalize, which
+    now and then never returned (1 job in about 16 here)."""
+    if not _finalize_registered:
+        atexit.register(_finalize_with_deadline)
+        _finalize_registered.append(True)
+
+
 def _finalize_with_deadline(seconds: float = 10.0) -> None:
-    """At exit of a rank that went through an elastic reset: shut hvdlike down, then
-    MPI_Finalize, leaving after ``seconds`` if it has not returned. Open MPI 5's finalize
-    waits on a fence with every process of the job, and after a death it now and then never
-    returns; the status is then 1 if an uncaught exception ended the program, else 0. The
-    deadline covers hvdlike's shutdown too (it frees communicators of the shrunk world)."""
+    """At exit of a rank that saw ranks die (or was started in place of one): shut hvdlike
+    down, then MPI_Finalize, leaving after ``seconds`` if it has not returned. Open MPI 5's
+    finalize waits on a fence with every process of the job, and after a death it now and
+    then never returns; the status is then 1 if an uncaught exception ended the program,
+    else 0. The deadline covers hvdlike's shutdown too (it frees communicators of the
+    world)."""
     sys.stdout.flush()
     sys.stderr.flush()
     status = 1 if hasattr(sys, "last_type") else 0
-    _exit_soon(seconds, status, "MPI_Finalize after an elastic reset")
+    _exit_soon(seconds, status, "MPI_Finalize after ranks died")
     shutdown()
     from mpi4py import MPI
     if not MPI.Is_finalized():
@@ -434,9 +443,7 @@ def shrink_after_failure(min_size: int = 1, max_size: int = 0) -> List[int]:
         sys.excepthook = st.previous_excepthook
     old_rank, old_size = st.rank, st.size
     _state = None
-    if not _finalize_registered:
-        atexit.register(_finalize_with_deadline)
-        _finalize_registered.append(True)
+    finalize_with_deadline_at_exit()
     kept = survivors.allgather(old_rank)
     failed = sorted(set(range(old_size)) - set(kept))
     error.failed[:] = failed

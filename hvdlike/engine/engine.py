@@ -689,6 +689,8 @@ class Engine:
             self.failure = error
             self._stopping = True
         self.stopped = True
+        from .. import runtime
+        runtime.finalize_with_deadline_at_exit()  # also where the script catches the error
         from ..log import logger
         logger.debug(f"engine: failed ({exc}); revoked every communicator; failed ranks "
                      f"known here: {failed}")
