@@ -27,6 +27,16 @@ OPS = ["Sum", "Average", "Min", "Max"]
 seen = {"ok": 0, "error": 0}
 
 
+def refused_on_every_rank(what, make, kinds, text):
+    """``make()`` raises one of ``kinds`` whose message holds ``text``, on every rank."""
+    try:
+        make()
+        outcome = "no error"
+    except kinds as e:
+        outcome = "error" if text in str(e) else str(e)
+    assert hvdlike.allgather_object(outcome) == ["error"] * n, (what, outcome)
+
+
 def make(dtype, shape, seed, rank, special):
     rng = np.random.default_rng([seed, rank])
     if dtype.kind == "b":
@@ -161,30 +171,19 @@ def _():
             process_set=hvd.ProcessSet(range(n)))(tf.ones([4, 3]), training=True),
          "is not registered"),
     ]:
-        try:
-            fn()
-            outcome = "no error"
-        except (ValueError, TypeError) as e:
-            outcome = "error" if text in str(e) else str(e)
-        assert hvdlike.allgather_object(outcome) == ["error"] * n, (what, outcome)
+        refused_on_every_rank(what, fn, (ValueError, TypeError), text)
     if n > 1:  # different models on the ranks: the error names the fused broadcast
-        try:
-            hvd.broadcast_variables([tf.Variable(tf.zeros([2 + r]))], root_rank=0)
-            outcome = "no error"
-        except tf.errors.FailedPreconditionError as e:
-            named = "'broadcast_variables/float32': ranks called it with different" in str(e)
-            outcome = "error" if named else str(e)
-        assert hvdlike.allgather_object(outcome) == ["error"] * n, ("models differ", outcome)
+        refused_on_every_rank(
+            "models differ",
+            lambda: hvd.broadcast_variables([tf.Variable(tf.zeros([2 + r]))], root_rank=0),
+            tf.errors.FailedPreconditionError,
+            "'broadcast_variables/float32': ranks called it with different")
     ps = hvd.add_process_set([0])
     hvd.remove_process_set(ps)
     for compiled in (False, True):
         fn = lambda: hvd.allreduce(tf.ones([2]), process_set=ps)  # noqa: E731
-        try:
-            (tf.function(fn) if compiled else fn)()
-            outcome = "no error"
-        except (ValueError, tf.errors.OpError) as e:
-            outcome = "error" if "is not registered" in str(e) else str(e)
-        assert hvdlike.allgather_object(outcome) == ["error"] * n, ("removed", outcome)
+        refused_on_every_rank("removed", tf.function(fn) if compiled else fn,
+                              (ValueError, tf.errors.OpError), "is not registered")
     with tf.Graph().as_default():  # in a graph the op is refused when built, as in Horovod
         try:
             hvd.allreduce(tf.ones([2]), process_set=_by_hand(10))
@@ -245,12 +244,7 @@ def _():
          lambda: hvd.broadcast_variables(tf.Variable(x), root_rank=0),
          "takes a list of variables, got one ResourceVariable"),
     ]:
-        try:
-            fn()
-            outcome = "no error"
-        except TypeError as e:
-            outcome = "error" if text in str(e) else str(e)
-        assert hvdlike.allgather_object(outcome) == ["error"] * n, (what, outcome)
+        refused_on_every_rank(what, fn, TypeError, text)
 
 
 @check("callback_arguments_that_cannot_work_are_refused_on_every_rank")
@@ -268,12 +262,7 @@ def _():
         ("multiplier a string", lambda: cb.LearningRateScheduleCallback(0.1, "0.5"),
          TypeError, "multiplier= takes a number or a function of the epoch, got str"),
     ]:
-        try:
-            make()
-            outcome = "no error"
-        except kind as e:
-            outcome = "error" if text in str(e) else str(e)
-        assert hvdlike.allgather_object(outcome) == ["error"] * n, (what, outcome)
+        refused_on_every_rank(what, make, kind, text)
     # what stays accepted: no warmup, a one-epoch schedule, NumPy and plain numbers
     cb.LearningRateWarmupCallback(0.1, warmup_epochs=0)
     cb.LearningRateScheduleCallback(0.1, np.float32(0.5), start_epoch=2, end_epoch=2)
@@ -289,13 +278,11 @@ def _():
 
     def model():
         return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, "relu", True, "ones")])
-    try:
-        model().compile(optimizer=keras.optimizers.SGD(0.1), loss="mse",
-                        experimental_run_tf_function=False)
-        outcome = "no error"
-    except TypeError as e:
-        outcome = "error" if "experimental_run_tf_function" in str(e) else str(e)
-    assert hvdlike.allgather_object(outcome) == ["error"] * n, outcome
+    refused_on_every_rank(
+        "without a distributed optimizer",
+        lambda: model().compile(optimizer=keras.optimizers.SGD(0.1), loss="mse",
+                                experimental_run_tf_function=False),
+        TypeError, "experimental_run_tf_function")
     x, y = np.full((4, 3), r + 1, np.float32), np.ones((4, 2), np.float32)  # rank's own data
     for how in ("keyword", "positional", "loss-scaled"):
         m = model()
