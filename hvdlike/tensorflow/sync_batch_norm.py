@@ -41,13 +41,18 @@ class SyncBatchNormalization(compat.keras().layers.BatchNormalization):
     rank's sums are all-reduced in each training call (one all-reduce per layer), so the
     result equals one process normalizing the concatenation of every rank's batch (ranks may
     have different batch sizes). Inference uses the moving statistics, which every rank
-    updates alike. Every rank must call the layer, in the same order. Horovod's name; also
-    ``process_set=`` to normalize over a process set."""
+    updates alike. Every rank must call the layer, in the same order. Horovod's name and
+    signature (``fused=False`` is taken in either Keras flavour, as Horovod scripts pass it);
+    also ``process_set=`` to normalize over a process set."""
 
-    def __init__(self, *args: Any, process_set: Any = _core.global_process_set,
-                 **kwargs: Any) -> None:
-        if compat.use_legacy_keras():
-            kwargs["fused"] = False  # the fused kernel computes its own statistics
+    def __init__(self, *args: Any, fused: Optional[bool] = False,
+                 process_set: Any = _core.global_process_set, **kwargs: Any) -> None:
+        if fused is not False:
+            raise ValueError(f"hvdlike SyncBatchNormalization: fused={fused!r} is not "
+                             "supported: the fused kernel computes each rank's own statistics. "
+                             "Leave fused out or pass fused=False.")
+        if compat.use_legacy_keras():  # Keras 3 has no fused kernel and no such argument
+            kwargs["fused"] = False
         super().__init__(*args, **kwargs)
         self._hvd_process_set = process_set
 

@@ -170,6 +170,8 @@ def _():
         ("sync batch norm, unregistered", lambda: hvd.SyncBatchNormalization(
             process_set=hvd.ProcessSet(range(n)))(tf.ones([4, 3]), training=True),
          "is not registered"),
+        ("sync batch norm, fused", lambda: hvd.SyncBatchNormalization(fused=True),
+         "fused=True is not supported"),
     ]:
         refused_on_every_rank(what, fn, (ValueError, TypeError), text)
     if n > 1:  # different models on the ranks: the error names the fused broadcast

@@ -740,6 +740,9 @@ def _():
     assert_close(tape.gradient(loss, x), ref_tape.gradient(ref_loss, xf).numpy()[start:start
                  + rows[r]], rtol=1e-3, atol=1e-4)
     assert_close(sync(x, training=False), plain(tf.constant(mine), training=False), rtol=1e-5)
+    # Horovod's signature: its scripts pass fused=False (Keras 3's layer has no such argument)
+    horovod_style = hvd.SyncBatchNormalization(momentum=0.5, fused=False)
+    assert_close(horovod_style(x, training=True), y, rtol=1e-5, atol=1e-6)
 
 @check("process_set_gradients_are_averaged_in_the_set_and_others_keep_their_own")
 def _():
