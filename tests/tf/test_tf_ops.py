@@ -26,6 +26,7 @@ CHECKS = [
     "broadcast_variables_object_and_allgather_object",
     "independent_collectives_in_v1_graph_run_in_any_order",
     "named_collectives_built_in_rank_dependent_order_in_tf_function",
+    "hvdlike_runs_as_written_inside_autographed_functions",
     "horovod_gradient_cases_eager_function_and_v1_graph",
     "horovod_prescale_postscale_and_dtypes",
     "horovod_port_names",

@@ -422,6 +422,60 @@ def _():
 
 
 
+@check("hvdlike_runs_as_written_inside_autographed_functions")
+def _():
+    """A user's tf.function is converted by AutoGraph, and so, unless told otherwise, is every
+    function it calls, hvdlike's included: the Python that hvdlike's graph ops run at each
+    step (the submits, the waits) would be AutoGraph's rewrite of it, several times slower.
+    Records where every request handed to the engine comes from, in a step that uses the
+    collectives, a DistributedGradientTape and a DistributedOptimizer, and asserts that no
+    frame is AutoGraph-generated code (and that the results are right)."""
+    import traceback
+    from hvdlike.engine.engine import Engine
+    from hvdlike.tensorflow import compat
+    keras = compat.keras()
+    stacks = []
+    originals = {name: getattr(Engine, name) for name in ("submit", "call")}
+
+    def recording(original):
+        def method(self, *args, **kwargs):
+            stacks.append([f.filename for f in traceback.extract_stack()])
+            return original(self, *args, **kwargs)
+        return method
+
+    w, v = tf.Variable(np.ones(3, np.float32)), tf.Variable(np.zeros(3, np.float32))
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.5))
+
+    @tf.function
+    def step(x):
+        s = hvd.allreduce(x, op=hvd.Sum, name="autograph/sum")
+        g = hvd.grouped_allreduce([x, 2.0 * x], name="autograph/grouped")
+        with tf.GradientTape(persistent=True) as tape:
+            loss = tf.reduce_sum(w * x)
+            other = tf.reduce_sum(v * x)
+        (grad,) = hvd.DistributedGradientTape(tape).gradient(loss, [w])
+        opt.apply_gradients([(tape.gradient(other, v), v)])  # the optimizer reduces
+        return s, g, grad, hvd.allgather(x[:1], name="autograph/gather")
+
+    for name, original in originals.items():
+        setattr(Engine, name, recording(original))
+    try:
+        x = tf.constant(x_of(r, shape=(3,)))
+        s, g, grad, gathered = step(x)
+    finally:
+        for name, original in originals.items():
+            setattr(Engine, name, original)
+    xs = [x_of(q, shape=(3,)) for q in range(n)]
+    assert_close(s, np.sum(xs, axis=0))
+    assert_close(g[1], 2 * np.mean(xs, axis=0))
+    assert_close(grad, np.mean(xs, axis=0))
+    assert_close(v, -0.5 * np.mean(xs, axis=0))
+    assert_close(gathered, [xq[0] for xq in xs])
+    assert stacks, "no request reached the engine"
+    generated = sorted({f for stack in stacks for f in stack if "__autograph_generated" in f})
+    assert not generated, f"AutoGraph-generated code on the step's path: {generated[:3]}"
+
+
 @check("broadcast_gradient_on_a_process_set_goes_to_the_world_root")
 def _():
     # the set holds the upper ranks, so a set rank differs from its world rank
