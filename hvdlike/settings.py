@@ -11,7 +11,8 @@
 | HVDLIKE_HIERARCHICAL_ALLGATHER | 1 | all-gathers of the whole world on several nodes with the same number of ranks (at least 2) each, numbered node after node: `1` gathers each node's parts on its first rank, all-gathers the nodes' blocks across nodes and broadcasts inside each node (each node's data crosses the network once per other node); `0` runs one flat MPI_Allgatherv, which sends every rank's part once per remote rank when parts differ in size (equal parts always go through MPI_Allgather, which Open MPI already runs node by node) |
 | HVDLIKE_CYCLE_TIME | 1 | milliseconds between the engine's rounds while some rank waits for others (ten times that when all are idle) |
 | HVDLIKE_CACHE_CAPACITY | 1024 | requests (name + metadata) the engine remembers, so that a repeated one is negotiated with one bit; 0: none, every request is negotiated in full (as Horovod's 0) |
-| HVDLIKE_OVERLAP | 1 | in a compiled train step, each gradient goes to the engine as soon as backprop has computed it (0: all of them together after the backward pass) |
+| HVDLIKE_OVERLAP | 1 | in a compiled train step, gradients go to the engine while backprop still runs (0: all of them together after the backward pass) |
+| HVDLIKE_OVERLAP_BUCKET | 1048576 | with HVDLIKE_OVERLAP, gradients go in buckets of about this many bytes, last layer first, each as soon as backprop has computed its last one (a gradient this large goes alone; 0: each gradient alone) |
 | HVDLIKE_TF_WAIT_KERNEL | 1 | in a tf.compat.v1 graph, each collective waits in an asynchronous TensorFlow op that holds no thread (built with the C++ compiler on first use); 0: in a `tf.numpy_function` that holds an inter-op thread while it waits |
 | HVDLIKE_TIMELINE | (unset) | write the timeline (Chrome trace JSON): rank 0 to this path, rank r > 0 with `.rank<r>` before the extension |
 | HVDLIKE_TIMELINE_MARK_CYCLES | 0 | mark every engine round that ran something in the timeline (`CYCLE_START`) |
@@ -73,7 +74,8 @@ _HOROVOD_BUILD = ("HOROVOD_WITH_", "HOROVOD_WITHOUT_", "HOROVOD_BUILD_", "HOROVO
 KNOWN_NAMES = frozenset({
     "HVDLIKE_FUSION_THRESHOLD", "HVDLIKE_SHM_THRESHOLD", "HVDLIKE_SHM_BUFFER", "HVDLIKE_CMA",
     "HVDLIKE_CMA_THRESHOLD", "HVDLIKE_HIERARCHICAL_ALLREDUCE", "HVDLIKE_HIERARCHICAL_ALLGATHER",
-    "HVDLIKE_CYCLE_TIME", "HVDLIKE_CACHE_CAPACITY", "HVDLIKE_OVERLAP", "HVDLIKE_TIMELINE",
+    "HVDLIKE_CYCLE_TIME", "HVDLIKE_CACHE_CAPACITY", "HVDLIKE_OVERLAP", "HVDLIKE_OVERLAP_BUCKET",
+    "HVDLIKE_TIMELINE",
     "HVDLIKE_TF_WAIT_KERNEL",
     "HVDLIKE_TIMELINE_MARK_CYCLES", "HVDLIKE_ABORT_ON_EXCEPTION",
     "HVDLIKE_STALL_CHECK_TIME_SECONDS", "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
@@ -138,6 +140,7 @@ class Settings:
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
     overlap: bool = True
+    overlap_bucket: int = 1024 * 1024
     tf_wait_kernel: bool = True
     timeline: Optional[str] = None
     timeline_mark_cycles: bool = False
@@ -177,6 +180,7 @@ class Settings:
             cycle_time_ms=_float(env, "HVDLIKE_CYCLE_TIME", cls.cycle_time_ms),
             cache_capacity=_int(env, "HVDLIKE_CACHE_CAPACITY", cls.cache_capacity),
             overlap=_bool(env, "HVDLIKE_OVERLAP", cls.overlap),
+            overlap_bucket=_int(env, "HVDLIKE_OVERLAP_BUCKET", cls.overlap_bucket),
             tf_wait_kernel=_bool(env, "HVDLIKE_TF_WAIT_KERNEL", cls.tf_wait_kernel),
             timeline=env.get("HVDLIKE_TIMELINE") or None,
             timeline_mark_cycles=_bool(env, "HVDLIKE_TIMELINE_MARK_CYCLES",

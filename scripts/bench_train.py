@@ -3,14 +3,19 @@
     python scripts/bench_train.py                    # runs np=1 and np=2 via mpirun
     python scripts/bench_train.py --nps 1,2,4 --out results/bench_train_np4
     python scripts/bench_train.py --model resnet50 --batch-size 2 --overlap both --timeline
+    python scripts/bench_train.py --model mlp --loop tape
 
-For each world size a model (``--model``: a small MNIST-shaped CNN, or Keras' ResNet-50
-with ``weights=None`` on 224x224 images) trains with Keras ``model.fit`` on synthetic data
-(per-rank batch ``--batch-size``, ``--threads`` TF threads per rank), once with the plain
-optimizer and once with ``hvdlike.keras.DistributedOptimizer``, alternating ``--repeats``
-times in the same process; the best (minimum) step time of the repeats is used, the median
-is also stored in the JSON. ``--overlap on|off|both`` sets HVDLIKE_OVERLAP for the runs with
-more than one rank (``both``: one run each). ``--timeline`` also writes each run's timeline
+For each world size a model (``--model``: a small MNIST-shaped CNN; Keras' ResNet-50
+with ``weights=None`` on 224x224 images; or a 48-layer MLP: many small gradients, short
+steps, where a per-gradient cost shows) trains on synthetic data (per-rank batch
+``--batch-size``, ``--threads`` TF threads per rank), once with the plain optimizer and once
+distributed, alternating ``--repeats`` times in the same process; the best (minimum) step
+time of the repeats is used, the median is also stored in the JSON. ``--loop fit``: Keras
+``model.fit``, distributed with ``hvdlike.keras.DistributedOptimizer``; ``--loop tape``:
+the loop of Horovod's TensorFlow 2 examples, a ``tf.function`` step with a
+``DistributedGradientTape`` (plain: a ``tf.GradientTape``) and ``apply_gradients``.
+``--overlap on|off|both`` sets HVDLIKE_OVERLAP for the runs with more than one rank
+(``both``: one run each; HVDLIKE_OVERLAP_BUCKET and the other settings are passed on). ``--timeline`` also writes each run's timeline
 (HVDLIKE_TIMELINE) into ``--out``; scripts/timeline_summary.py reads it.
 Reports: overhead ratio (distributed / plain step time, same run), img/s per rank and
 in total, and scaling efficiency = total img/s at np=N / (N * img/s at np=1).
@@ -34,12 +39,38 @@ def build_model(keras, model, shape, classes):
     keras.utils.set_random_seed(0)
     if model == "resnet50":
         return keras.applications.ResNet50(weights=None, input_shape=shape, classes=classes)
+    if model == "mlp":
+        return keras.Sequential([keras.Input(shape), keras.layers.Flatten()]
+                                + [keras.layers.Dense(64, activation="relu") for _ in range(47)]
+                                + [keras.layers.Dense(classes)])
     return keras.Sequential([
         keras.Input(shape),
         keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
         keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
         keras.layers.Flatten(), keras.layers.Dense(128, activation="relu"),
         keras.layers.Dense(classes)])
+
+
+def tape_loop(tf, hvd_tf, model, opt, loss, distributed, x, y):
+    """Horovod's TensorFlow 2 examples' loop: returns ``run(steps)``, which runs a
+    ``tf.function`` step (a DistributedGradientTape when ``distributed``) ``steps`` times."""
+    x, y = tf.constant(x), tf.constant(y)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True))
+        if distributed:
+            tape = hvd_tf.DistributedGradientTape(tape)
+        grads = tape.gradient(value, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return value
+
+    def run(steps):
+        for _ in range(steps):
+            value = step()
+        value.numpy()
+    return run
 
 
 def worker(args):
@@ -49,6 +80,8 @@ def worker(args):
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(2)  # >= 2: see docs/performance.md
     import hvdlike.keras as hvd
+    import hvdlike.tensorflow as hvd_tf
+    from hvdlike.settings import Settings
     from hvdlike.tensorflow.compat import keras as _keras
     keras = _keras()
     hvd.init()
@@ -63,26 +96,33 @@ def worker(args):
     y = rng.randint(0, classes, size=(args.batch_size,)).astype(np.int64)
     ds = tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(4)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=args.model != "resnet50")
-    models = {}
+    models, runs = {}, {}
     for kind in ("plain", "distributed"):
         m = model_fn()
         opt = keras.optimizers.SGD(0.01, momentum=0.9)
-        if kind == "distributed":
-            opt = hvd.DistributedOptimizer(opt)
-        m.compile(optimizer=opt, loss=loss)
-        m.fit(ds, steps_per_epoch=args.warmup, epochs=1, verbose=0)  # trace + warm up
+        if args.loop == "tape":
+            runs[kind] = tape_loop(tf, hvd_tf, m, opt, loss, kind == "distributed", x, y)
+        else:
+            if kind == "distributed":
+                opt = hvd.DistributedOptimizer(opt)
+            m.compile(optimizer=opt, loss=loss)
+            runs[kind] = lambda steps, m=m: m.fit(ds, steps_per_epoch=steps, epochs=1,
+                                                  verbose=0)
+        runs[kind](args.warmup)  # trace + warm up
         models[kind] = m
     times = {k: [] for k in models}
     for _ in range(args.repeats):
-        for kind, m in models.items():
+        for kind, run in runs.items():
             hvd.barrier()
             t0 = time.perf_counter()
-            m.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=0)
+            run(args.steps)
             dt = (time.perf_counter() - t0) / args.steps
             times[kind].append(float(hvd.allreduce(np.array(dt), op=hvd.Max)))
-    res = {"np": hvd.size(), "mode": "hvdlike", "model": args.model, "batch_size_per_rank": args.batch_size,
+    res = {"np": hvd.size(), "mode": "hvdlike", "loop": args.loop, "model": args.model,
+           "batch_size_per_rank": args.batch_size,
            "threads": args.threads, "steps": args.steps, "repeats": args.repeats,
-           "overlap": os.environ.get("HVDLIKE_OVERLAP", "1") != "0"}
+           "overlap": os.environ.get("HVDLIKE_OVERLAP", "1") != "0",
+           "overlap_bucket": Settings.from_env().overlap_bucket}
     for kind, ts in times.items():
         step = float(np.min(ts))  # best of repeats: least disturbed by other load
         res[kind] = {"step_time_s": step, "median_step_time_s": float(np.median(ts)),
@@ -198,7 +238,8 @@ def driver(args):
             program = [sys.executable, __file__, "--worker", "--json", str(js),
                        "--batch-size", str(args.batch_size), "--steps", str(args.steps),
                        "--repeats", str(args.repeats), "--warmup", str(args.warmup),
-                       "--threads", str(args.threads), "--model", args.model, "--mode", mode]
+                       "--threads", str(args.threads), "--model", args.model, "--mode", mode,
+                       "--loop", args.loop]
             launcher = str(mpirun if mpirun.exists() else "mpirun")
             cluster = None
             if args.hosts_link and n > 1:
@@ -207,9 +248,9 @@ def driver(args):
                 cluster = Cluster(hosts=n, link=link, prefix="hvdb", net=79).up()
                 run_env["BENCH_HOST_ADDRESSES"] = ",".join(
                     f"{name}={a}" for name, a in zip(cluster.names, cluster.addresses))
-                names = ["PYTHONPATH", "HVDLIKE_OVERLAP", "OMP_NUM_THREADS", "OMPI_MCA_osc",
-                         "TF_CPP_MIN_LOG_LEVEL", "BENCH_HOST_ADDRESSES"] + (
-                             ["HVDLIKE_TIMELINE"] if args.timeline else [])
+                names = ["PYTHONPATH", "OMP_NUM_THREADS", "OMPI_MCA_osc",
+                         "TF_CPP_MIN_LOG_LEVEL", "BENCH_HOST_ADDRESSES"] + sorted(
+                             k for k in run_env if k.startswith("HVDLIKE_"))
                 cmd = cluster.command_on(0, cluster.mpirun_argv(
                     launcher, [1] * n, program, [a for v in names for a in ("-x", v)]))
             else:
@@ -258,10 +299,11 @@ def driver(args):
             lines.append(f"np={r['np']}: hvdlike (overlap on) img/s / native MWMS img/s = "
                          f"{r['vs_mwms']:.2f}")
     table = "\n".join(lines)
-    what = "ResNet-50 224x224" if args.model == "resnet50" else "small CNN"
+    what = {"resnet50": "ResNet-50 224x224", "mlp": "48-layer MLP"}.get(args.model, "small CNN")
     where = (f", {args.hosts_link} links between test hosts (1 rank each)" if args.hosts_link
              else "")
-    print(f"{what}, Keras fit, batch {args.batch_size}/rank, {args.threads} thread(s)/rank"
+    loop = "Keras fit" if args.loop == "fit" else "tf.function step with DistributedGradientTape"
+    print(f"{what}, {loop}, batch {args.batch_size}/rank, {args.threads} thread(s)/rank"
           f"{where}")
     print("hidden: share of the all-reduce alone that the step did not add, "
           "(plain + all-reduce - distributed) / all-reduce")
@@ -303,7 +345,10 @@ def main():
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--model", choices=("cnn", "resnet50"), default="cnn")
+    p.add_argument("--model", choices=("cnn", "resnet50", "mlp"), default="cnn")
+    p.add_argument("--loop", choices=("fit", "tape"), default="fit",
+                   help="Keras fit with DistributedOptimizer, or a tf.function step with "
+                        "DistributedGradientTape (hvdlike runs; MWMS runs always use fit)")
     p.add_argument("--overlap", choices=("on", "off", "both"), default="on",
                    help="HVDLIKE_OVERLAP for runs with more than one rank")
     p.add_argument("--hosts-link", metavar="RATE",

@@ -2,9 +2,10 @@
 MPIStrategy.
 
 Eagerly, all dense gradients of one call go through one fused grouped allreduce per group
-(one group by default).  In a graph (a compiled train step) each gradient is its own request,
-submitted as soon as backprop has computed it, so communication overlaps the rest of the
-backward pass (see :func:`allreduce_gradients`).  ``None`` gradients stay ``None``.
+(one group by default).  In a graph (a compiled train step) they go in buckets of about
+``HVDLIKE_OVERLAP_BUCKET`` bytes, each submitted as soon as backprop has computed it, so
+communication overlaps the rest of the backward pass (see :func:`allreduce_gradients`).
+``None`` gradients stay ``None``.
 ``tf.IndexedSlices`` are allgathered (values and indices) unless ``sparse_as_dense=True``.
 """
 import weakref
@@ -25,6 +26,29 @@ from hvdlike.tensorflow.compression import Compression, check_compression
 def overlap_enabled() -> bool:
     """``HVDLIKE_OVERLAP`` (on by default), as read by ``hvd.init()``."""
     return _runtime.state("overlapping gradient reduction").settings.overlap
+
+
+def buckets(sizes: Sequence[Optional[int]], cap: int) -> List[List[int]]:
+    """Split positions ``0..len(sizes)-1`` (in order) into runs that each close once they
+    hold ``cap`` bytes or more; a size of None (a shape not known when the graph is built)
+    closes its run. ``cap`` 0: one position per run."""
+    out: List[List[int]] = []
+    run: List[int] = []
+    held = 0
+    for i, size in enumerate(sizes):
+        run.append(i)
+        held += cap if size is None else size
+        if held >= cap:
+            out.append(run)
+            run, held = [], 0
+    if run:
+        out.append(run)
+    return out
+
+
+def _nbytes(t: Any) -> Optional[int]:
+    n = t.shape.num_elements()
+    return None if n is None else n * t.dtype.size
 
 
 def backward_passes(value: Any) -> int:
@@ -69,14 +93,18 @@ def allreduce_gradients(tensors: List[Any], name: Optional[str],
     ``variables`` as for :func:`hvdlike.tensorflow.grouped_allreduce`.
 
     Eagerly every gradient exists already: one fused grouped call.  In a graph with
-    ``HVDLIKE_OVERLAP`` on, one submit op per gradient, built last to first: backprop produces
-    them in that order and TensorFlow runs the (chained) submit ops in build order, so each
-    gradient goes to the engine as soon as it exists and the engine fuses whatever is ready
-    together.  One wait op, fed by every submit, returns them all: it cannot start (and hold
-    one of TensorFlow's threads) before backprop has produced the last gradient.  Each request
-    is named after its variable (``gradient/<path>``, readable in the timeline) when the
-    ``variables`` have distinct names, else after ``name`` and its position, else after its op.
-    IndexedSlices (allgathered) come after the dense gradients.
+    ``HVDLIKE_OVERLAP`` on, the gradients, last to first (the order backprop produces them in),
+    go in buckets that close at ``HVDLIKE_OVERLAP_BUCKET`` bytes (as PyTorch DDP's): one submit
+    op per bucket, which TensorFlow runs (the submits are chained, in build order) as soon as
+    the bucket's gradients exist; the engine fuses whatever is ready together. Buckets rather
+    than one op per gradient: each op costs about 0.1 ms of Python and an engine round, which
+    for a model of many small gradients cost more than its step (``docs/performance.md``).
+    One wait op, fed by every submit, returns them all: it cannot start (and hold one of
+    TensorFlow's threads) before backprop has produced the last gradient.  A request is named
+    after its first variable (``gradient/<path>``, and ``+k`` for the k more in its bucket;
+    readable in the timeline) when the ``variables`` have distinct names, else after ``name``
+    and its position, else after its op.  IndexedSlices (allgathered) come after the dense
+    gradients.
     """
     kwargs = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   compression=compression, sparse_as_dense=sparse_as_dense)
@@ -86,7 +114,7 @@ def allreduce_gradients(tensors: List[Any], name: Optional[str],
     names = [f"{name or 'gradient'}/{labels[i]}" if labels is not None
              else None if name is None else f"{name}/{i}" for i in range(len(tensors))]
     out: List[Any] = [None] * len(tensors)
-    keys, dense, compressed, contexts, sparse = [], [], [], [], []
+    dense, compressed, contexts, sparse = [], [], [], []
     for i in reversed(range(len(tensors))):
         t = tensors[i]
         if isinstance(t, tf.IndexedSlices):
@@ -95,11 +123,17 @@ def allreduce_gradients(tensors: List[Any], name: Optional[str],
                 continue
             t = tf.convert_to_tensor(t)
         c, ctx = compression.compress(_ops._to_tensor(t, "allreduce", names[i]))
-        keys.append(_ops.allreduce_submit(c, as_reduce_op(op), prescale_factor, postscale_factor,
-                                          names[i], process_set))
         dense.append(i)
         compressed.append(c)
         contexts.append(ctx)
+    keys = []
+    cap = _runtime.state("overlapping gradient reduction").settings.overlap_bucket
+    for run in buckets([_nbytes(c) for c in compressed], cap):
+        first = names[dense[run[0]]]
+        bucket_name = first if first is None or len(run) == 1 else f"{first}+{len(run) - 1}"
+        keys.append(_ops.allreduce_submit([compressed[k] for k in run], as_reduce_op(op),
+                                          prescale_factor, postscale_factor, bucket_name,
+                                          process_set))
     if keys:
         for i, r, ctx in zip(dense, _ops.allreduce_wait(keys, compressed), contexts):
             out[i] = compression.decompress(r, ctx)

@@ -214,17 +214,19 @@ def _wait_kernel_enabled():
     return _runtime.state("hvdlike.tensorflow collectives").settings.tf_wait_kernel
 
 
-def allreduce_submit(tensor: tf.Tensor, op: Any, prescale_factor: float, postscale_factor: float,
-                     name: Optional[str], process_set: _core.ProcessSet) -> tf.Tensor:
-    """Graph only: the submit half of an allreduce of one dense tensor; returns its key, for
-    :func:`allreduce_wait`."""
+def allreduce_submit(tensors: Sequence[tf.Tensor], op: Any, prescale_factor: float,
+                     postscale_factor: float, name: Optional[str],
+                     process_set: _core.ProcessSet) -> tf.Tensor:
+    """Graph only: the submit half of an allreduce of dense tensors (one request; grouped when
+    there are several); returns its key, for :func:`allreduce_wait`."""
     return _submit_op("allreduce", _allreduce_submit(op, prescale_factor, postscale_factor,
-                                                     name, process_set), [tensor])
+                                                     name, process_set), list(tensors))
 
 
 def allreduce_wait(keys: Sequence[tf.Tensor], like: Sequence[tf.Tensor]) -> List[tf.Tensor]:
     """Graph only: one op that waits for the allreduces behind ``keys`` (from
-    :func:`allreduce_submit`); ``like`` are their input tensors (dtype and shape)."""
+    :func:`allreduce_submit`); ``like`` are their input tensors (dtype and shape), key after
+    key."""
     return _wait_op("allreduce", keys, [t.dtype for t in like], [t.shape for t in like])
 
 

@@ -4,8 +4,8 @@ and ``BroadcastGlobalVariablesHook`` for ``tf.compat.v1.train.MonitoredTrainingS
 This is the training loop of Horovod's README (``hvd.DistributedOptimizer(
 tf.compat.v1.train.AdagradOptimizer(...))``, ``hooks=[hvd.BroadcastGlobalVariablesHook(0)]``).
 The wrapped optimizer's ``compute_gradients`` reduces the gradients over the process set with
-the same ``GradientReducer`` as ``DistributedGradientTape`` (in a graph, each gradient goes to
-the engine as soon as backprop has computed it); ``apply_gradients`` is the original one, so
+the same ``GradientReducer`` as ``DistributedGradientTape`` (in a graph, the gradients go to
+the engine in buckets, each as soon as backprop has computed it); ``apply_gradients`` is the original one, so
 ``minimize`` works as before. With ``op=Adasum`` the weight updates are combined instead
 (:class:`AdasumOptimizerV1`, Horovod's semantics).
 """

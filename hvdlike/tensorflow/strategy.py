@@ -11,8 +11,8 @@ internals are ``MirroredStrategy``'s over this process's device(s) (one GPU per 
 chosen by local rank, or the CPU) with :class:`MPICrossDeviceOps` as its
 ``tf.distribute.CrossDeviceOps``; TF's gRPC collective runtime is never started.  Values
 are first summed over the process's local replicas and then reduced across ranks by the
-hvdlike engine: one fused call per ``batch_reduce`` eagerly, one request per value inside
-``tf.function`` so that they overlap backprop.  The strategy's extended object reports the global picture the way
+hvdlike engine: one fused call per ``batch_reduce`` eagerly, requests in buckets
+inside ``tf.function`` so that they overlap backprop.  The strategy's extended object reports the global picture the way
 ``MultiWorkerMirroredStrategy`` does: ``num_replicas_in_sync`` = replicas per process x
 ranks, global replica ids (rank-major), per-rank dataset sharding and splitting of the
 global batch, initial variable values broadcast from rank 0, chief-only checkpointing,
@@ -71,8 +71,8 @@ class MPICrossDeviceOps(tf.distribute.CrossDeviceOps):
 
     ``reduce``/``batch_reduce``: sum each value over this process's local replicas, then
     hvdlike allreduce (Sum) over the ranks of ``process_set`` for the values of the call (one
-    fused call eagerly; one request per value in a compiled step, so that they overlap
-    backprop: see ``gradients.allreduce_gradients``); ``MEAN`` divides by the global number of replicas.
+    fused call eagerly; in a compiled step, requests in buckets that overlap backprop: see
+    ``gradients.allreduce_gradients``); ``MEAN`` divides by the global number of replicas.
     ``tf.IndexedSlices`` are allgathered (values and indices).  The result is a
     ``Mirrored`` value on ``destinations``.  ``gather`` concatenates the replicas of all
     ranks in global replica order (rank-major).  Every rank must make the same calls in

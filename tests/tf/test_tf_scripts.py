@@ -120,6 +120,21 @@ def test_bench_train_writes_table_json_and_png(tmp_path):
     assert (tmp_path / "bench_train.png").stat().st_size > 1000
 
 
+def test_bench_train_times_the_custom_loop_of_horovods_examples(tmp_path):
+    """``--loop tape``: a tf.function step with DistributedGradientTape, on the many-gradient
+    MLP, with the bucket size passed on to the ranks."""
+    import json
+    res = run_script(1, "scripts/bench_train.py", "--nps", "2", "--model", "mlp", "--loop",
+                     "tape", "--steps", "3", "--repeats", "1", "--warmup", "2",
+                     "--out", str(tmp_path), timeout=300, mpi=False,
+                     env={"HVDLIKE_OVERLAP_BUCKET": "4096"})
+    assert res.returncode == 0, res.output[-5000:]
+    assert "48-layer MLP, tf.function step with DistributedGradientTape" in res.output
+    (r,) = json.loads((tmp_path / "bench_train.json").read_text())
+    assert (r["np"], r["loop"], r["model"], r["overlap_bucket"]) == (2, "tape", "mlp", 4096)
+    assert r["distributed"]["step_time_s"] > 0 and r["plain"]["step_time_s"] > 0
+
+
 def test_compare_tf_distribute_writes_table_json_and_png(tmp_path):
     import json
     out = tmp_path / "compare"
