@@ -426,7 +426,7 @@ def _():
 def _():
     """A user's tf.function is converted by AutoGraph, and so, unless told otherwise, is every
     function it calls, hvdlike's included: the Python that hvdlike's graph ops run at each
-    step (the submits, the waits) would be AutoGraph's rewrite of it, several times slower.
+    step (the submits, the waits) would be AutoGraph's rewrite of it, about twice as slow.
     Records where every request handed to the engine comes from, in a step that uses the
     collectives, a DistributedGradientTape and a DistributedOptimizer, and asserts that no
     frame is AutoGraph-generated code (and that the results are right)."""
