@@ -20,7 +20,7 @@ except Exception:  # pragma: no cover - very old/new TF
     _autograph_config = None
 
 
-def leave_hvdlike_unconverted() -> None:
+def _leave_hvdlike_unconverted() -> None:
     """Have AutoGraph leave hvdlike's functions as written, as it leaves TensorFlow's and
     Keras's. Called from a user's ``tf.function`` they would be converted, closures included,
     so that the Python hvdlike's ops run at every step (submitting each gradient, waiting)
@@ -28,15 +28,12 @@ def leave_hvdlike_unconverted() -> None:
     submit op each: 28.8 against 14.9 ms a step at np=2, docs/performance.md). hvdlike's
     graph code uses ``tf.cond`` itself and needs no conversion. Without the (private) rule
     list, AutoGraph converts as before: slower, not wrong."""
-    if _autograph_config is None:  # pragma: no cover
-        return
-    rules = _autograph_config.CONVERSION_RULES
-    if not any(str(r) == str(_autograph_config.DoNotConvert("hvdlike")) for r in rules):
-        _autograph_config.CONVERSION_RULES = (
-            _autograph_config.DoNotConvert("hvdlike"),) + tuple(rules)
+    config = _autograph_config
+    if config is not None:
+        config.CONVERSION_RULES = (config.DoNotConvert("hvdlike"),) + tuple(config.CONVERSION_RULES)
 
 
-leave_hvdlike_unconverted()
+_leave_hvdlike_unconverted()  # once, when this module is first imported
 
 
 def use_legacy_keras() -> bool:
