@@ -32,6 +32,8 @@ def test_overlap_and_timeline_settings():
     s = Settings.from_env({"HVDLIKE_OVERLAP": "0", "HVDLIKE_TIMELINE": "/tmp/t.json",
                            "HVDLIKE_TIMELINE_MARK_CYCLES": "yes"})
     assert (s.overlap, s.timeline, s.timeline_mark_cycles) == (False, "/tmp/t.json", True)
+    assert Settings().overlap_bucket == 1 << 20
+    assert Settings.from_env({"HVDLIKE_OVERLAP_BUCKET": "0"}).overlap_bucket == 0
 
 
 def test_stall_and_log_settings():
@@ -55,6 +57,8 @@ def test_stall_and_log_settings():
     ("HVDLIKE_FUSION_THRESHOLD", "-1", "must be >= 0"),
     ("HVDLIKE_ABORT_ON_EXCEPTION", "maybe", "not a boolean"),
     ("HVDLIKE_OVERLAP", "sometimes", "not a boolean"),
+    ("HVDLIKE_OVERLAP_BUCKET", "1MiB", "not an integer"),
+    ("HVDLIKE_OVERLAP_BUCKET", "-1", "must be >= 0"),
     ("HVDLIKE_CYCLE_TIME", "fast", "not a number of milliseconds"),
     ("HVDLIKE_CYCLE_TIME", "0", "more than 0"),
     ("HVDLIKE_SHM_BUFFER", "-5", "must be >= 0"),
