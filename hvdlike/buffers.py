@@ -9,7 +9,7 @@ sees an array it still holds change. Small arrays bypass the cache; its total si
 """
 import math
 import sys
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -71,3 +71,25 @@ class ResultCache:
     def clear(self) -> None:
         self._arrays.clear()
         self._bytes = 0
+
+
+def contiguous_span(arrays: Sequence[np.ndarray]) -> Optional[np.ndarray]:
+    """One flat array over ``arrays`` (no copy) if they lie one after another, in order, in
+    the memory of one array (slices of it), each C-contiguous and of one dtype; else None.
+    Empty arrays take no memory (NumPy may point them anywhere) and are skipped."""
+    dtype = arrays[0].dtype
+    if any(a.dtype != dtype for a in arrays):
+        return None
+    full = [a for a in arrays if a.size]
+    if not full:
+        return np.empty(0, dtype)
+    base = full[0].base
+    if not isinstance(base, np.ndarray) or not base.flags.c_contiguous:
+        return None
+    start = at = full[0].ctypes.data
+    for a in full:
+        if a.base is not base or not a.flags.c_contiguous or a.ctypes.data != at:
+            return None
+        at += a.nbytes
+    offset = start - base.ctypes.data
+    return base.reshape(-1).view(np.uint8)[offset:offset + at - start].view(dtype)

@@ -232,6 +232,24 @@ def test_grouped_single_copy_results_are_never_changed_while_held():
         assert r["dropped_memory_reused"], r  # the second's, let go of
 
 
+@pytest.mark.parametrize("path", ["window", "single_copy"])
+def test_grouped_views_of_one_array_reduce_in_place_of_a_packed_copy(path):
+    env = ({"HVDLIKE_CMA": "0", "HVDLIKE_SHM_THRESHOLD": "0"} if path == "window" else
+           {"HVDLIKE_CMA_THRESHOLD": "0", "HVDLIKE_SHM_THRESHOLD": "0"})
+    results = run_mpi(2, "shm_cases:grouped_views_of_one_array", timeout=120, env=env)
+    shapes = [(3, 4), (), (0,), (7,), (100, 5)]
+    flat = np.arange(sum(int(np.prod(s)) for s in shapes), dtype=np.float32)
+    want, at = [], 0
+    for s in shapes:
+        n = int(np.prod(s))
+        want.append((2 * flat[at:at + n] + 1).reshape(s).tolist())  # ranks 0 and 1: + r
+        at += n
+    for r in results:
+        assert r["small"] == want and r["shapes"] == shapes, r
+        assert r["big"] == [3.0] and r["inputs_unchanged"], r
+        assert r["one_after_another"], r
+
+
 def test_windows_are_freed_and_made_again_across_shutdown_and_init():
     results = run_mpi(4, "shm_cases:windows_survive_shutdown_and_init", timeout=120)
     for rank, r in enumerate(results):

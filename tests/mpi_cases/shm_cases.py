@@ -13,6 +13,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 import hvdlike as hvd
+from hvdlike.buffers import contiguous_span
 from hvdlike.transport import cma, shm
 from timeline_cases import read_own
 
@@ -264,6 +265,26 @@ def cma_peer_gone_on_last_rank() -> Dict[str, Any]:
         child.wait()
     comm.Free()
     return dict(error=error)
+
+
+def grouped_views_of_one_array() -> Dict[str, Any]:
+    """A grouped all-reduce of small tensors that are views of one array, one after another
+    (as the TensorFlow frontend hands them over), and a large one: the results, whether the
+    inputs are unchanged, and whether the small results lie one after another (so that the
+    frontend takes them back as one array, without a copy)."""
+    shapes = [(3, 4), (), (0,), (7,), (100, 5)]
+    flat = np.arange(sum(int(np.prod(s)) for s in shapes), dtype=np.float32) + hvd.rank()
+    views, at = [], 0
+    for s in shapes:
+        views.append(flat[at:at + int(np.prod(s))].reshape(s))
+        at += int(np.prod(s))
+    big = np.full(1 << 15, hvd.rank() + 1.0, np.float32)  # 128 KiB: not packed
+    before = flat.copy()
+    outs = hvd.grouped_allreduce(views[:2] + [big] + views[2:], op=hvd.Sum)
+    small = outs[:2] + outs[3:]
+    return dict(small=[o.tolist() for o in small], shapes=[o.shape for o in small],
+                big=sorted(set(outs[2].tolist())), inputs_unchanged=bool((flat == before).all()),
+                one_after_another=contiguous_span(small) is not None)
 
 
 def cma_grouped_results_stay_put() -> Dict[str, Any]:
