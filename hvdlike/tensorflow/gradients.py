@@ -126,16 +126,16 @@ def allreduce_gradients(tensors: List[Any], name: Optional[str],
         dense.append(i)
         compressed.append(c)
         contexts.append(ctx)
-    keys = []
+    submitted = []
     cap = _runtime.state("overlapping gradient reduction").settings.overlap_bucket
     for run in buckets([_nbytes(c) for c in compressed], cap):
         first = names[dense[run[0]]]
         bucket_name = first if first is None or len(run) == 1 else f"{first}+{len(run) - 1}"
-        keys.append(_ops.allreduce_submit([compressed[k] for k in run], as_reduce_op(op),
-                                          prescale_factor, postscale_factor, bucket_name,
-                                          process_set))
-    if keys:
-        for i, r, ctx in zip(dense, _ops.allreduce_wait(keys, compressed), contexts):
+        submitted.append(_ops.allreduce_submit([compressed[k] for k in run],
+                                               as_reduce_op(op), prescale_factor,
+                                               postscale_factor, bucket_name, process_set))
+    if submitted:
+        for i, r, ctx in zip(dense, _ops.allreduce_wait(submitted), contexts):
             out[i] = compression.decompress(r, ctx)
     for i in sparse:
         out[i] = _ops.allreduce(tensors[i], name=names[i], process_set=process_set, **kwargs)

@@ -18,7 +18,7 @@ on any rank raises ``tf.errors.InvalidArgumentError`` on every rank
 ``HvdlikeWait`` kernel) keep both classes.
 """
 import itertools
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -35,6 +35,7 @@ from hvdlike import ProcessSet
 from hvdlike.tensorflow import compat, devices, wait_kernel
 from hvdlike.collectives import listed as _listed
 from hvdlike.tensorflow.compression import Compression, check_compression
+from hvdlike.tensorflow.packing import Packing
 
 _SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,
                      tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32, tf.uint64, tf.bool)
@@ -214,20 +215,38 @@ def _wait_kernel_enabled():
     return _runtime.state("hvdlike.tensorflow collectives").settings.tf_wait_kernel
 
 
+class Submitted(NamedTuple):
+    """A graph all-reduce handed to the engine: its submit op's key, and how its tensors
+    cross (:class:`~hvdlike.tensorflow.packing.Packing`)."""
+
+    key: tf.Tensor
+    packing: Packing
+    crossing: List[tf.Tensor]
+
+
 def allreduce_submit(tensors: Sequence[tf.Tensor], op: Any, prescale_factor: float,
                      postscale_factor: float, name: Optional[str],
-                     process_set: _core.ProcessSet) -> tf.Tensor:
+                     process_set: _core.ProcessSet) -> Submitted:
     """Graph only: the submit half of an allreduce of dense tensors (one request; grouped when
-    there are several); returns its key, for :func:`allreduce_wait`."""
-    return _submit_op("allreduce", _allreduce_submit(op, prescale_factor, postscale_factor,
-                                                     name, process_set), list(tensors))
+    there are several), for :func:`allreduce_wait`."""
+    packing = Packing(tensors, op)
+    crossing = packing.pack(tensors)
+    submit = _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set,
+                               packing)
+    return Submitted(_submit_op("allreduce", submit, crossing), packing, crossing)
 
 
-def allreduce_wait(keys: Sequence[tf.Tensor], like: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-    """Graph only: one op that waits for the allreduces behind ``keys`` (from
-    :func:`allreduce_submit`); ``like`` are their input tensors (dtype and shape), key after
-    key."""
-    return _wait_op("allreduce", keys, [t.dtype for t in like], [t.shape for t in like])
+def allreduce_wait(submitted: Sequence[Submitted]) -> List[tf.Tensor]:
+    """Graph only: one op that waits for the allreduces ``submitted`` (from
+    :func:`allreduce_submit`); returns their results, one request after the other."""
+    crossing = [c for s in submitted for c in s.crossing]
+    outs = _wait_op("allreduce", [s.key for s in submitted], [c.dtype for c in crossing],
+                    [c.shape for c in crossing])
+    results, at = [], 0
+    for s in submitted:
+        results += s.packing.unpack(outs[at:at + len(s.crossing)])
+        at += len(s.crossing)
+    return results
 
 
 class _Wait:
@@ -269,23 +288,35 @@ def _normalize_op(op, average, what):
 
 # --------------------------------------------------------------------------- allreduce
 
-def _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set):
+def _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set,
+                      packing=None):
+    """The submit function of an all-reduce; with a ``packing``, of the tensors crossing as
+    it packs them (the engine gets them unpacked, and its results come back packed)."""
     def submit(op_name, *arrays):
         kw = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   name=name or op_name, process_set=process_set)
+        if packing is not None:
+            arrays = packing.views(arrays)
         if len(arrays) == 1:
-            return _one(_core.allreduce_async(arrays[0], **kw))
-        return _many(_core.grouped_allreduce_async(list(arrays), **kw))
+            wait = _one(_core.allreduce_async(arrays[0], **kw))
+        else:
+            wait = _many(_core.grouped_allreduce_async(list(arrays), **kw))
+        return wait if packing is None else _Wait(wait.handles, packing.joined(wait))
     return submit
 
 
 def _allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process_set):
-    """Allreduce a list of dense tensors in ONE fused core call."""
+    """Allreduce a list of dense tensors in ONE fused core call (in a graph, the small ones
+    cross packed: :mod:`hvdlike.tensorflow.packing`)."""
     if not tensors:
         return []
-    submit = _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set)
-    return _run("allreduce", submit, tensors, [t.dtype for t in tensors],
-                [t.shape for t in tensors], process_set, name)
+    packing = None if tf.executing_eagerly() else Packing(tensors, op)
+    crossing = tensors if packing is None else packing.pack(tensors)
+    submit = _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set,
+                               packing)
+    outs = _run("allreduce", submit, crossing, [t.dtype for t in crossing],
+                [t.shape for t in crossing], process_set, name)
+    return outs if packing is None else packing.unpack(outs)
 
 
 def _allreduce_grad_op(op, what):

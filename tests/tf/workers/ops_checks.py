@@ -106,6 +106,51 @@ def _():
     assert_close(gb, np.ones(4))
 
 
+def _submit_and_wait_ops(fn, *args):
+    """The graph's allreduce submit op and wait op (tf.numpy_function ops) of ``fn``."""
+    ops = fn.get_concrete_function(*args).graph.get_operations()
+    submit = [o for o in ops if o.name.startswith("HvdlikeAllreduce") and "Wait" not in o.name]
+    wait = [o for o in ops if o.name.startswith("HvdlikeAllreduceWait")]
+    assert len(submit) == 1 and len(wait) == 1, [o.name for o in ops]
+    return submit[0], wait[0]
+
+
+@check("small_tensors_cross_a_graph_packed_and_come_back_in_their_shapes")
+def _():
+    # in a graph, the tensors under 64 KiB of each dtype cross into Python as one flat tensor
+    # (hvdlike.tensorflow.packing): one submit input and one wait output per dtype
+    specs = [((2, 3), np.float32), ((), np.float32), ((0,), np.float32), ((5,), np.float64),
+             ((130, 130), np.float32), ((2, 2), np.float64), ((4, 1, 2), np.int32),
+             ((7,), np.float32)]  # (130, 130) float32 is 66 KiB: crosses as it is
+    xs = [tf.constant(x_of(r, s, d)) for s, d in specs] + [tf.constant([r == 0, False, True])]
+    summed = tf.function(lambda *a: hvd.grouped_allreduce(list(a), op=hvd.Sum))
+    ys = summed(*xs)
+    for (shape, dtype), y in zip(specs, ys):
+        assert y.dtype == dtype and tuple(y.shape) == shape, (y.dtype, y.shape, shape)
+        assert_close(y, np.sum([x_of(k, shape, dtype) for k in range(n)], axis=0))
+    assert ys[-1].dtype == tf.bool and ys[-1].numpy().tolist() == [True, False, True]
+    submit, wait = _submit_and_wait_ops(summed, *xs)
+    # float32 small (4 tensors), float64 (2), the large one, int32, bool
+    assert len(submit.inputs) == 5 and len(wait.outputs) == 5, (len(submit.inputs), len(wait.outputs))
+    floats = [x for x, (_, d) in zip(xs, specs) if d != np.int32]
+    averaged = tf.function(lambda *a: hvd.grouped_allreduce(list(a), postscale_factor=3.0))
+    for (shape, dtype), y in zip([sd for sd in specs if sd[1] != np.int32], averaged(*floats)):
+        assert_close(y, 3 * np.mean([x_of(k, shape, dtype) for k in range(n)], axis=0))
+
+    @tf.function
+    def gradients(a, b, big):
+        with tf.GradientTape() as tape:
+            tape.watch([a, b, big])
+            ya, yb, ybig = hvd.grouped_allreduce([a, b, big])
+            loss = (tf.reduce_sum(ya) * (r + 1) + tf.reduce_sum(yb) * (r + 2)
+                    + tf.reduce_sum(ybig))
+        return tape.gradient(loss, [a, b, big])
+    ga, gb, gbig = gradients(xs[0], xs[7], xs[4])
+    assert_close(ga, np.full((2, 3), np.mean(np.arange(n) + 1), np.float32))
+    assert_close(gb, np.full((7,), np.mean(np.arange(n) + 2), np.float32))
+    assert_close(gbig, np.ones((130, 130), np.float32))
+
+
 @check("large_eager_results_stay_intact_while_held")
 def _():
     # large host results become tensors sharing the core's result memory (DLPack); the core
@@ -333,6 +378,15 @@ def _():
             assert "shape: rank 0 has (1, 2), rank 1 has (2, 2)" in str(e), e
         else:
             raise AssertionError("no error")
+    # the same number of elements in another shape, among tensors that cross a graph packed
+    packed = tf.function(lambda a, b: hvd.grouped_allreduce([a, b]))
+    try:
+        packed(tf.zeros([2, 3] if r == 0 else [3, 2]), tf.zeros([4]))
+    except tf.errors.OpError as e:
+        assert "FailedPrecondition" in str(e), e
+        assert "rank 0 has ((2, 3), (4,)), rank 1 has ((3, 2), (4,))" in str(e), e
+    else:
+        raise AssertionError("no error")
     hvd.barrier()
 
 

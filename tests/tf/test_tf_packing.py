@@ -1,0 +1,60 @@
+"""How a graph all-reduce's tensors cross into Python (hvdlike.tensorflow.packing), in-process."""
+import numpy as np
+import tensorflow as tf
+
+from hvdlike import ReduceOp
+from hvdlike.tensorflow.packing import PACK_BYTES, Packing
+
+BIG = (PACK_BYTES // 4 + 1,)  # float32: just over the packing limit
+
+
+def _tensors():
+    specs = [((2, 3), tf.float32), ((), tf.float32), (BIG, tf.float32), ((4,), tf.float64),
+             ((0,), tf.float32), ((5,), tf.int32), ((2, 2), tf.float64)]
+    return [tf.reshape(tf.cast(tf.range(int(np.prod(s))), d), s) for s, d in specs]
+
+
+def test_small_tensors_of_one_dtype_share_a_slot_large_and_lone_ones_cross_alone():
+    assert Packing(_tensors(), ReduceOp.SUM).slots == [[0, 1, 4], [2], [3, 6], [5]]
+
+
+def test_adasum_and_unknown_shapes_are_not_packed():
+    assert Packing(_tensors(), ReduceOp.ADASUM).slots == [[i] for i in range(7)]
+    seen = []
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)] * 2
+                 + [tf.TensorSpec([3], tf.float32)] * 2)
+    def build(a, b, c, d):
+        seen.append(Packing([a, b, c, d], ReduceOp.SUM).slots)
+        return a
+    build.get_concrete_function()
+    assert seen == [[[0], [1], [2, 3]]]
+
+
+def test_what_crosses_comes_back_in_each_tensors_shape_and_values():
+    tensors = _tensors()
+    packing = Packing(tensors, ReduceOp.SUM)
+    crossing = packing.pack(tensors)
+    assert [c.shape.as_list() for c in crossing] == [[7], list(BIG), [8], [5]]
+    arrays = [c.numpy() for c in crossing]
+    views = packing.views(arrays)  # what the engine gets: views, no copy
+    for v, t in zip(views, tensors):
+        assert v.shape == tuple(t.shape) and v.dtype == t.dtype.as_numpy_dtype
+        np.testing.assert_array_equal(v, t.numpy())
+    assert np.shares_memory(views[0], arrays[0]) and np.shares_memory(views[6], arrays[2])
+    back = packing.unpack([tf.constant(a) for a in packing.join([v * 2 for v in views])])
+    for b, t in zip(back, tensors):
+        assert b.shape == t.shape and b.dtype == t.dtype
+        np.testing.assert_array_equal(b.numpy(), 2 * t.numpy())
+
+
+def test_results_laid_out_one_after_another_go_back_without_a_copy():
+    tensors = _tensors()
+    packing = Packing(tensors, ReduceOp.SUM)
+    slab = np.arange(7, dtype=np.float32)  # the engine's results for slot [0, 1, 4]
+    results = [np.asarray(t.numpy()) for t in tensors]
+    results[0], results[1], results[4] = slab[:6].reshape(2, 3), slab[6:7].reshape(()), slab[7:]
+    joined = packing.join(results)
+    assert np.shares_memory(joined[0], slab) and joined[0].tolist() == slab.tolist()
+    assert not np.shares_memory(joined[2], results[3])  # apart: concatenated
+    np.testing.assert_array_equal(joined[2], np.concatenate([results[3], results[6].ravel()]))
