@@ -16,7 +16,9 @@ import tensorflow as tf
 from hvdlike import ReduceOp
 from hvdlike.buffers import contiguous_span
 
-PACK_BYTES = 64 * 1024  # tensors below this (with a static shape) cross packed
+# tensors below this (with a static shape) cross packed: copying 64 KiB in and out takes
+# about as long as a tensor's own crossing, larger ones cost more to copy than they save
+PACK_BYTES = 64 * 1024
 
 
 class Packing:
