@@ -16,8 +16,9 @@ import tensorflow as tf
 from hvdlike import ReduceOp
 from hvdlike.buffers import contiguous_span
 
-# tensors below this (with a static shape) cross packed: copying 64 KiB in and out takes
-# about as long as a tensor's own crossing, larger ones cost more to copy than they save
+# tensors below this (with a static shape) cross packed: the engine's own limit for packing
+# small tensors on one node, so that they come back one after another (no copy); larger
+# ones cross as they are and the engine reduces them straight from TensorFlow's memory
 PACK_BYTES = 64 * 1024
 
 
