@@ -233,16 +233,16 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         # unpacking (and the TensorFlow frontend takes them as one array: see
         # hvdlike.tensorflow.packing); each large one on a 64-byte boundary, so TensorFlow
         # takes it without a copy
-        order = sorted(range(len(arrays)), key=lambda i: arrays[i].nbytes >= _SMALL)
+        order = sorted(range(len(arrays)), key=lambda i: arrays[i].nbytes >= SMALL_BYTES)
         starts, offset = [0] * len(arrays), 0
         for i in order:
-            if arrays[i].nbytes >= _SMALL:
+            if arrays[i].nbytes >= SMALL_BYTES:
                 offset += -offset % (_ALIGN // work.itemsize)
             starts[i] = offset
             offset += arrays[i].size
         slab = empty((offset,), work)
         recvs = [slab[at:at + a.size].reshape(a.shape) for at, a in zip(starts, arrays)]
-        small = sum(a.size for a in arrays if a.nbytes < _SMALL)
+        small = sum(a.size for a in arrays if a.nbytes < SMALL_BYTES)
         packed = slab[:small]
     else:
         recvs = [empty(a.shape, work) for a in arrays]
@@ -354,7 +354,7 @@ def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
     return out
 
 
-_SMALL = 64 * 1024  # bytes: tensors below this travel together in one packed array
+SMALL_BYTES = 64 * 1024  # bytes: tensors below this travel together in one packed array
 _ALIGN = 64  # bytes: TensorFlow takes NumPy results on such a boundary without copying them
 
 
@@ -366,7 +366,7 @@ def _shm_allreduce(shm: Any, sends: List[np.ndarray], recvs: List[np.ndarray], o
     one array first, which saves the per-tensor cost of each of the transport's passes.
     ``packed``: where the small tensors' results lie one after another, in order (their
     ``recvs`` are views of it), so that they need no unpacking; None: they do."""
-    small = [i for i, r in enumerate(recvs) if r.nbytes < _SMALL]
+    small = [i for i, r in enumerate(recvs) if r.nbytes < SMALL_BYTES]
     if len(small) < 2:
         shm.allreduce_many(sends, recvs, op, scale)
         return

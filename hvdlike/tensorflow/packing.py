@@ -15,11 +15,12 @@ import tensorflow as tf
 
 from hvdlike import ReduceOp
 from hvdlike.buffers import contiguous_span
+from hvdlike.engine.execute import SMALL_BYTES
 
 # tensors below this (with a static shape) cross packed: the engine's own limit for packing
 # small tensors on one node, so that they come back one after another (no copy); larger
 # ones cross as they are and the engine reduces them straight from TensorFlow's memory
-PACK_BYTES = 64 * 1024
+PACK_BYTES = SMALL_BYTES
 
 
 class Packing:

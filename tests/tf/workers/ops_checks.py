@@ -131,7 +131,8 @@ def _():
     assert ys[-1].dtype == tf.bool and ys[-1].numpy().tolist() == [True, False, True]
     submit, wait = _submit_and_wait_ops(summed, *xs)
     # float32 small (4 tensors), float64 (2), the large one, int32, bool
-    assert len(submit.inputs) == 5 and len(wait.outputs) == 5, (len(submit.inputs), len(wait.outputs))
+    crossing = (len(submit.inputs), len(wait.outputs))
+    assert crossing == (5, 5), crossing
     floats = [x for x, (_, d) in zip(xs, specs) if d != np.int32]
     averaged = tf.function(lambda *a: hvd.grouped_allreduce(list(a), postscale_factor=3.0))
     for (shape, dtype), y in zip([sd for sd in specs if sd[1] != np.int32], averaged(*floats)):
