@@ -233,7 +233,7 @@ def test_grouped_single_copy_results_are_never_changed_while_held():
 
 
 @pytest.mark.parametrize("path", ["window", "single_copy"])
-def test_grouped_views_of_one_array_reduce_in_place_of_a_packed_copy(path):
+def test_grouped_views_of_one_array_reduce_right_and_results_lie_one_after_another(path):
     env = ({"HVDLIKE_CMA": "0", "HVDLIKE_SHM_THRESHOLD": "0"} if path == "window" else
            {"HVDLIKE_CMA_THRESHOLD": "0", "HVDLIKE_SHM_THRESHOLD": "0"})
     results = run_mpi(2, "shm_cases:grouped_views_of_one_array", timeout=120, env=env)
