@@ -149,14 +149,20 @@ def _run(what, submit, inputs, out_dtypes, out_shapes, process_set=None, name=No
     ``process_set`` that is not registered raises ``ValueError`` here, as in Horovod. A
     ``name`` that is not a string raises ``TypeError`` here (in a graph: when traced).
     """
-    require_name(name, f"hvdlike.tensorflow.{what}")
     if tf.executing_eagerly():
+        require_name(name, f"hvdlike.tensorflow.{what}")
         arrays = [devices.to_core(t) for t in inputs]
         outs = _outputs(lambda: submit(None, *arrays)())  # errors at submit converted too
         return [devices.from_core(o, d) for o, d in zip(outs, out_dtypes)]
+    _check_graph_request(what, name, process_set)
+    return _wait_op(what, [_submit_op(what, submit, inputs)], out_dtypes, out_shapes)
+
+
+def _check_graph_request(what, name, process_set):
+    """What a graph collective checks when traced: its ``name`` and ``process_set``."""
+    require_name(name, f"hvdlike.tensorflow.{what}")
     if process_set is not None and process_set is not global_process_set:
         _process_sets.require_registered(process_set, f"hvdlike.tensorflow.{what}")
-    return _wait_op(what, [_submit_op(what, submit, inputs)], out_dtypes, out_shapes)
 
 
 def _op_base_name(what):
@@ -310,13 +316,13 @@ def _allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process
     cross packed: :mod:`hvdlike.tensorflow.packing`)."""
     if not tensors:
         return []
-    packing = None if tf.executing_eagerly() else Packing(tensors, op)
-    crossing = tensors if packing is None else packing.pack(tensors)
-    submit = _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set,
-                               packing)
-    outs = _run("allreduce", submit, crossing, [t.dtype for t in crossing],
-                [t.shape for t in crossing], process_set, name)
-    return outs if packing is None else packing.unpack(outs)
+    if tf.executing_eagerly():
+        submit = _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set)
+        return _run("allreduce", submit, tensors, [t.dtype for t in tensors],
+                    [t.shape for t in tensors], process_set, name)
+    _check_graph_request("allreduce", name, process_set)
+    return allreduce_wait([allreduce_submit(tensors, op, prescale_factor, postscale_factor,
+                                            name, process_set)])
 
 
 def _allreduce_grad_op(op, what):
