@@ -227,3 +227,27 @@ def test_glibcs_huge_page_advice_reaches_tensorflows_memory_under_hvdlikerun():
         assert job.returncode == 0, job.output[-3000:]
         found = sorted(re.findall(r"^THP_ELIGIBLE rank=(\d) (\S+)$", job.output, re.M))
         assert found == [("0", setting), ("1", setting)], (setting, job.output[-3000:])
+
+
+def test_bench_packing_times_packed_against_unpacked_steps(tmp_path):
+    """scripts/bench_packing.py at np=2, a few steps of each loop: its table, JSON and PNG."""
+    import json
+    for loop in ("tape", "fit"):
+        out = tmp_path / loop
+        res = run_script(2, "scripts/bench_packing.py", "--loop", loop, "--steps", "4",
+                         "--skip", "2", "--repeats", "2", "--warmup", "2", "--out", out,
+                         timeout=300)
+        assert res.returncode == 0, res.output[-5000:]
+        assert "packed / unpacked, per repeat: median" in res.output
+        data = json.loads(out.with_suffix(".json").read_text())
+        assert data["loop"] == loop and data["np"] == 2
+        assert {k: len(v) for k, v in data["step_times_s"].items()} == {
+            "plain": 2, "packed": 2, "unpacked": 2}
+        assert all(t > 0 for ts in data["step_times_s"].values() for t in ts)
+        assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_bench_packing_refuses_fit_steps_it_would_not_time(tmp_path):
+    res = run_script(2, "scripts/bench_packing.py", "--loop", "fit", "--steps", "5", "--skip",
+                     "5", "--out", tmp_path / "x", timeout=120)
+    assert res.returncode != 0 and "--steps (5) must be larger than --skip (5)" in res.output
