@@ -23,6 +23,10 @@ class Request(NamedTuple):
     root: Optional[int] = None
     scale: Tuple[float, float] = (1.0, 1.0)
     device: str = "cpu"  # "gpu": GPU arrays (every rank must agree, as in Horovod)
+    # grouped all-reduce of arrays that each carry several tensors one after another
+    # (the TensorFlow frontend packs small tensors so): per array, its tensors' shapes, or
+    # None for an array that is one tensor; None when no array carries several
+    parts: Optional[Tuple[Optional[Tuple[Tuple[int, ...], ...]], ...]] = None
 
 
 LocalError = Tuple[str, str]  # ("TypeError" | "ValueError", message)
@@ -97,10 +101,33 @@ def _ranks(ranks: List[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
+def tensor_shapes(request: Request) -> Any:
+    """The shapes of a request's tensors: ``shape``, with each array that carries several
+    tensors (``parts``) replaced by their shapes."""
+    if request.parts is None:
+        return request.shape
+    return tuple(s for shape, part in zip(request.shape, request.parts)
+                 for s in ((shape,) if part is None else part))
+
+
+def tensor_dtypes(request: Request) -> Any:
+    """The dtypes of a request's tensors: ``dtype``, with an array's repeated for each tensor
+    it carries (``parts``)."""
+    if request.parts is None:
+        return request.dtype
+    return tuple(d for d, part in zip(request.dtype, request.parts) for _ in part or (d,))
+
+
+_SHOWN = {"shape": tensor_shapes, "dtype": tensor_dtypes}  # as the caller knows them
+
+
 def _differences(requests: List[Tuple[int, Request]]) -> str:
-    parts = []
+    listed = []
     for field in Request._fields:
-        values = [(r, getattr(q, field)) for r, q in requests]
+        if field == "parts":  # shown as the tensors' shapes and dtypes
+            continue
+        values = [(r, _SHOWN[field](q) if field in _SHOWN else getattr(q, field))
+                  for r, q in requests]
         if len({repr(v) for _, v in values}) > 1:
             label = field
             if field == "shape" and requests[0][1].kind in _SHAPE_AFTER_FIRST:
@@ -109,5 +136,13 @@ def _differences(requests: List[Tuple[int, Request]]) -> str:
                 values = [(r, ReduceOp(v).name.title() if v is not None else None)
                           for r, v in values]
             listing = ", ".join(f"rank {r} has {_show(v)}" for r, v in values)
-            parts.append(f"{label}: {listing}")
-    return "; ".join(parts)
+            listed.append(f"{label}: {listing}")
+    if not listed and len({repr(q.parts) for _, q in requests}) > 1:
+        counts = [(r, len(q.shape)) for r, q in requests]
+        listing = ", ".join(f"rank {r} has them in {k} array{'s' if k > 1 else ''}"
+                            for r, k in counts)
+        listed.append(
+            f"the same tensors, packed differently: {listing} (a graph packs the small tensors "
+            "whose static shape it knows in full: give them the same static shapes on every "
+            "rank)")
+    return "; ".join(listed)

@@ -144,7 +144,7 @@ def _first(errors: Any) -> Optional[checks.LocalError]:
 
 def _allreduce(xs: Sequence[Any], op: Any, prescale_factor: float, postscale_factor: float,
                name: Optional[str], process_set: ProcessSet, grouped: bool,
-               blocking: bool = False) -> Any:
+               blocking: bool = False, parts: Optional[Tuple[Any, ...]] = None) -> Any:
     op = as_reduce_op(op)
     scale = _factors("grouped_allreduce" if grouped else "allreduce", prescale_factor,
                      postscale_factor)
@@ -152,7 +152,7 @@ def _allreduce(xs: Sequence[Any], op: Any, prescale_factor: float, postscale_fac
     arrays = given.arrays
     if grouped:
         request = Request("grouped_allreduce", name, tuple(a.dtype for a in arrays),
-                          tuple(a.shape for a in arrays), int(op), None, scale)
+                          tuple(a.shape for a in arrays), int(op), None, scale, parts=parts)
         error = given.error or _first(_reduce_error_for(a.dtype, op) for a in arrays)
     else:
         a = arrays[0]
@@ -204,6 +204,18 @@ def grouped_allreduce_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
     """Start ``grouped_allreduce``; ``handle.synchronize()`` returns the list of results."""
     return _allreduce(listed(xs, "hvdlike.grouped_allreduce_async"), op, prescale_factor,
                       postscale_factor, name, process_set, True)
+
+
+def packed_allreduce_async(xs: Sequence[np.ndarray], parts: Tuple[Any, ...], op: Any,
+                           prescale_factor: float, postscale_factor: float, name: Optional[str],
+                           process_set: ProcessSet) -> Handle:
+    """``grouped_allreduce_async`` of flat arrays that each carry several tensors one after
+    another (the TensorFlow frontend's small tensors, packed in its graph): ``parts[i]``, the
+    shapes of the tensors in ``xs[i]`` (None: it is one tensor). The engine reduces the
+    arrays as they are, one result per array; the ranks must agree on ``parts`` too, so
+    that a tensor whose shape differs between ranks fails on every rank, naming both."""
+    return _allreduce(list(xs), op, prescale_factor, postscale_factor, name, process_set, True,
+                      parts=tuple(parts))
 
 
 # ----------------------------------------------------------------------------- allgather

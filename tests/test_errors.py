@@ -27,6 +27,11 @@ EXPECTED = {
     "alltoall_indivisible": ("ValueError", ["divisible", "splits="]),
     "allgather_trailing_shape": ("CollectiveMismatchError", ["shape after the first dimension"]),
     "grouped_length_mismatch": ("CollectiveMismatchError", ["shape"]),
+    "packed_shape_mismatch": ("CollectiveMismatchError", [
+        "shape: rank 0 has ((2, 3), (4,), (3,)), rank 1 has ((3, 2), (4,), (3,))"]),
+    "packed_differently": ("CollectiveMismatchError", [
+        "the same tensors, packed differently", "rank 0 has them in 1 array,",
+        "rank 1 has them in 2 arrays", "same static shapes"]),
     "reducescatter_scalar": ("ValueError", ["scalar"]),
     "different_collectives": ("CollectiveMismatchError", ["kind", "allgather", "allreduce"]),
     "named_dtype_mismatch_async": ("CollectiveMismatchError", ["hvdlike.allreduce 'g': ranks",

@@ -132,11 +132,18 @@ def run_allreduces(st: Any, works: Sequence[Work],
         for (w, i), r in zip(members, reduced):
             outs[w][i] = r
         if trace is not None:
+            carried = sum(_tensors_in(works[w], i) for w, i in members)
             trace(sorted({w for w, _ in members}), phases,
-                  {"bucket": number, "tensors": len(members),
+                  {"bucket": number, "tensors": carried,
                    "bytes": int(sum(sizes[b] for b in bucket))})
     for work, out in zip(works, outs):
         work.done(out if work.request.kind == "grouped_allreduce" else out[0])
+
+
+def _tensors_in(work: Work, i: int) -> int:
+    """How many tensors input ``i`` of ``work`` carries (packed ones: ``Request.parts``)."""
+    parts = work.request.parts
+    return 1 if parts is None or parts[i] is None else len(parts[i])
 
 
 @functools.lru_cache(maxsize=256)

@@ -5,6 +5,16 @@ from typing import Any, Callable, Dict, Tuple
 import numpy as np
 
 import hvdlike as hvd
+from hvdlike.collectives import packed_allreduce_async
+
+
+def _packed(arrays: Any, parts: Any) -> Any:
+    """A grouped all-reduce of arrays carrying several tensors (the TensorFlow frontend's);
+    ``parts`` None: each array is one tensor."""
+    if parts is None:
+        return hvd.grouped_allreduce(arrays, op=hvd.Sum)
+    return packed_allreduce_async(arrays, parts, hvd.Sum, 1.0, 1.0, None,
+                                  hvd.global_process_set).synchronize()
 
 
 def _cases(rank: int, size: int) -> Dict[str, Callable[[], Any]]:
@@ -30,6 +40,12 @@ def _cases(rank: int, size: int) -> Dict[str, Callable[[], Any]]:
         "alltoall_indivisible": lambda: hvd.alltoall(np.ones((size + 1, 2))),
         "allgather_trailing_shape": lambda: hvd.allgather(np.ones((2, 2 + rank))),
         "grouped_length_mismatch": lambda: hvd.grouped_allreduce([np.ones(2)] * (1 + rank)),
+        # the same number of elements in another shape, among tensors packed into one array
+        "packed_shape_mismatch": lambda: _packed(
+            [np.ones(10, np.float32), np.ones(3)], (((3, 2) if odd else (2, 3), (4,)), None)),
+        "packed_differently": lambda: _packed(
+            [np.ones(6, np.float32), np.ones(4, np.float32)] if odd else [np.ones(10, np.float32)],
+            None if odd else (((6,), (4,)),)),
         "reducescatter_scalar": lambda: hvd.reducescatter(np.float32(1.0)),
         "different_collectives": lambda: (hvd.allgather(np.ones(2)) if odd
                                           else hvd.allreduce(np.ones(2))),

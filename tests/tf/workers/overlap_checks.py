@@ -69,6 +69,11 @@ def _():
         inside = [e for e in events if e.get("ph") == "X" and begin <= e["ts"] <= end]
         submitted = {rows[e["tid"]]: e["ts"] for e in inside if e["name"] == "QUEUED"}
         moved = {rows[e["tid"]]: e["ts"] + e["dur"] for e in inside if e["name"] in TRANSPORT}
+        # every gradient counted in its bucket (shown on each member's row), the small ones
+        # that cross packed too
+        buckets = {(e["args"]["round"], e["args"]["bucket"]): e["args"]["tensors"]
+                   for e in inside if e["name"] in TRANSPORT}
+        assert sum(buckets.values()) == 6, buckets
         if OVERLAP and EACH_ALONE:
             # one request per gradient, named after its variable; the last layer's went (and
             # was all-reduced) during the slow stretch, before the first layer's was submitted
