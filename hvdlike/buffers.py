@@ -9,7 +9,7 @@ sees an array it still holds change. Small arrays bypass the cache; its total si
 """
 import math
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -71,26 +71,3 @@ class ResultCache:
     def clear(self) -> None:
         self._arrays.clear()
         self._bytes = 0
-
-
-def contiguous_span(arrays: Sequence[np.ndarray]) -> Optional[np.ndarray]:
-    """One flat array over ``arrays`` (no copy) if they lie one after another, in order, in
-    the memory of one array (slices of it), each C-contiguous and of one dtype; else None.
-    Empty arrays take no memory (NumPy may point them anywhere) and are skipped."""
-    dtype, base, start, at = arrays[0].dtype, None, 0, 0
-    for a in arrays:
-        if a.dtype != dtype:
-            return None
-        if not a.size:
-            continue
-        if base is None:  # the first array with memory: the others must follow it
-            base, start, at = a.base, a.ctypes.data, a.ctypes.data
-            if not isinstance(base, np.ndarray) or not base.flags.c_contiguous:
-                return None
-        if a.base is not base or not a.flags.c_contiguous or a.ctypes.data != at:
-            return None
-        at += a.nbytes
-    if base is None:
-        return np.empty(0, dtype)
-    offset = start - base.ctypes.data
-    return base.reshape(-1).view(np.uint8)[offset:offset + at - start].view(dtype)

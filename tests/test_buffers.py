@@ -1,7 +1,7 @@
 """The result cache reuses an array only once nothing else refers to it (in-process)."""
 import numpy as np
 
-from hvdlike.buffers import ResultCache, contiguous_span
+from hvdlike.buffers import ResultCache
 
 F32 = np.dtype(np.float32)
 
@@ -51,22 +51,3 @@ def test_small_arrays_and_arrays_over_budget_are_not_kept():
     assert [a is kept for a in cache._arrays[((1024,), F32)]] == [True]
     assert cache._arrays[((512,), F32)] == []
     assert cache._bytes == 4096
-
-
-def test_contiguous_span_is_one_view_over_slices_in_order():
-    base = np.arange(20, dtype=np.float32)
-    parts = [base[2:5], base[5:5], base[5:11].reshape(2, 3), base[11:12].reshape(())]
-    span = contiguous_span(parts)
-    assert span is not None and span.dtype == np.float32
-    assert np.shares_memory(span, base) and span.tolist() == list(range(2, 12))
-
-
-def test_contiguous_span_refuses_what_is_not_one_run():
-    base = np.arange(20, dtype=np.float32)
-    other = np.arange(20, dtype=np.float32)
-    cases = {"out of order": [base[5:8], base[2:5]], "a gap": [base[2:5], base[6:8]],
-             "two arrays": [base[2:5], other[5:8]], "an owner": [base, base[:0]],
-             "another dtype": [base[2:4], base[4:6].view(np.int32)],
-             "strided": [base[0:4], base[4:12:2]]}
-    for what, parts in cases.items():
-        assert contiguous_span(parts) is None, what

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import numpy as np
 
 from .. import adasum, dtypes, fusion
-from ..buffers import ResultCache, contiguous_span
+from ..buffers import ResultCache
 from ..checks import Request
 from ..reduce_ops import ReduceOp
 from .choice import AlgorithmChoice
@@ -237,9 +237,8 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         # views of one result array: large, so on huge pages, which the peers' writes into
         # it (single copy) pin far faster than 4 KiB ones (ResNet-50's gradient set at np=2:
         # 26 -> 20 ms); the small tensors first, so that their packed results need no
-        # unpacking (and the TensorFlow frontend takes them as one array: see
-        # hvdlike.tensorflow.packing); each large one on a 64-byte boundary, so TensorFlow
-        # takes it without a copy
+        # unpacking; each large one on a 64-byte boundary, so TensorFlow takes it without a
+        # copy
         order = sorted(range(len(arrays)), key=lambda i: arrays[i].nbytes >= SMALL_BYTES)
         starts, offset = [0] * len(arrays), 0
         for i in order:
@@ -378,19 +377,16 @@ def _shm_allreduce(shm: Any, sends: List[np.ndarray], recvs: List[np.ndarray], o
         shm.allreduce_many(sends, recvs, op, scale)
         return
     size = sum(recvs[i].size for i in small)
-    packed_send = contiguous_span([sends[i] for i in small])  # already one array: no copy
-    send_base = None if packed_send is not None else _pool.acquire(work, size)
+    send_base = _pool.acquire(work, size)
     recv_base = _pool.acquire(work, size) if packed is None else None
-    if send_base is not None:
-        packed_send = send_base[:size]
-        np.concatenate([sends[i].reshape(-1) for i in small], out=packed_send)
+    packed_send = send_base[:size]
+    np.concatenate([sends[i].reshape(-1) for i in small], out=packed_send)
     packed_recv = packed if recv_base is None else recv_base[:size]
     first, rest = small[0], set(small[1:])  # the packed array takes the first one's place
     keep = [i for i in range(len(recvs)) if i not in rest]
     shm.allreduce_many([packed_send if i == first else sends[i] for i in keep],
                        [packed_recv if i == first else recvs[i] for i in keep], op, scale)
-    if send_base is not None:
-        _pool.release(send_base)
+    _pool.release(send_base)
     if recv_base is None:
         return
     offset = 0

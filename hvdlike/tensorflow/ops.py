@@ -33,7 +33,7 @@ from hvdlike.reduce_ops import as_reduce_op
 from hvdlike import ProcessSet
 
 from hvdlike.tensorflow import compat, devices, wait_kernel
-from hvdlike.collectives import listed as _listed
+from hvdlike.collectives import listed as _listed, packed_allreduce_async
 from hvdlike.tensorflow.compression import Compression, check_compression
 from hvdlike.tensorflow.packing import Packing
 
@@ -297,17 +297,17 @@ def _normalize_op(op, average, what):
 def _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set,
                       packing=None):
     """The submit function of an all-reduce; with a ``packing``, of the tensors crossing as
-    it packs them (the engine gets them unpacked, and its results come back packed)."""
+    it packs them (the engine reduces them packed, one result per crossing tensor)."""
+    parts = None if packing is None else packing.parts
+
     def submit(op_name, *arrays):
         kw = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   name=name or op_name, process_set=process_set)
-        if packing is not None:
-            arrays = packing.views(arrays)
+        if parts is not None:
+            return _many(packed_allreduce_async(arrays, parts, **kw))
         if len(arrays) == 1:
-            wait = _one(_core.allreduce_async(arrays[0], **kw))
-        else:
-            wait = _many(_core.grouped_allreduce_async(list(arrays), **kw))
-        return wait if packing is None else _Wait(wait.handles, packing.joined(wait))
+            return _one(_core.allreduce_async(arrays[0], **kw))
+        return _many(_core.grouped_allreduce_async(list(arrays), **kw))
     return submit
 
 
