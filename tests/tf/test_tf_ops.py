@@ -11,6 +11,7 @@ CHECKS = [
     "allreduce_gradient_is_allreduce_of_gradient",
     "grouped_allreduce_eager_and_function_with_gradient",
     "small_tensors_cross_a_graph_packed_and_come_back_in_their_shapes",
+    "packed_graph_allreduce_takes_zeros_from_joined_ranks",
     "large_eager_results_stay_intact_while_held",
     "allgather_uneven_first_dim_and_gradient",
     "broadcast_and_gradient_reduced_to_root",

@@ -152,6 +152,19 @@ def _():
     assert_close(gbig, np.ones((130, 130), np.float32))
 
 
+@check("packed_graph_allreduce_takes_zeros_from_joined_ranks")
+def _():
+    # small tensors cross a graph packed, one array in the engine: ranks that have joined
+    # take part with zeros of that array's shape. Rank k has k + 1 steps.
+    summed = tf.function(lambda a, b: hvd.grouped_allreduce([a, b], op=hvd.Sum))
+    for step in range(r + 1):
+        ya, yb = summed(tf.fill([2, 3], step + 1.0), tf.fill([4], 10.0 * (step + 1)))
+        ranks_in = n - step  # the ranks that have a step `step`
+        assert_close(ya, np.full((2, 3), (step + 1) * ranks_in, np.float32))
+        assert_close(yb, np.full((4,), 10 * (step + 1) * ranks_in, np.float32))
+    assert int(hvd.join()) == n - 1
+
+
 @check("large_eager_results_stay_intact_while_held")
 def _():
     # large host results become tensors sharing the core's result memory (DLPack); the core
