@@ -101,7 +101,7 @@ def _ranks(ranks: List[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
-def tensor_shapes(request: Request) -> Any:
+def _tensor_shapes(request: Request) -> Any:
     """The shapes of a request's tensors: ``shape``, with each array that carries several
     tensors (``parts``) replaced by their shapes."""
     if request.parts is None:
@@ -110,7 +110,7 @@ def tensor_shapes(request: Request) -> Any:
                  for s in ((shape,) if part is None else part))
 
 
-def tensor_dtypes(request: Request) -> Any:
+def _tensor_dtypes(request: Request) -> Any:
     """The dtypes of a request's tensors: ``dtype``, with an array's repeated for each tensor
     it carries (``parts``)."""
     if request.parts is None:
@@ -118,7 +118,7 @@ def tensor_dtypes(request: Request) -> Any:
     return tuple(d for d, part in zip(request.dtype, request.parts) for _ in part or (d,))
 
 
-_SHOWN = {"shape": tensor_shapes, "dtype": tensor_dtypes}  # as the caller knows them
+_SHOWN = {"shape": _tensor_shapes, "dtype": _tensor_dtypes}  # as the caller knows them
 
 
 def _differences(requests: List[Tuple[int, Request]]) -> str:

@@ -380,8 +380,8 @@ def _shm_allreduce(shm: Any, sends: List[np.ndarray], recvs: List[np.ndarray], o
     send_base = _pool.acquire(work, size)
     recv_base = _pool.acquire(work, size) if packed is None else None
     packed_send = send_base[:size]
-    np.concatenate([sends[i].reshape(-1) for i in small], out=packed_send)
     packed_recv = packed if recv_base is None else recv_base[:size]
+    np.concatenate([sends[i].reshape(-1) for i in small], out=packed_send)
     first, rest = small[0], set(small[1:])  # the packed array takes the first one's place
     keep = [i for i in range(len(recvs)) if i not in rest]
     shm.allreduce_many([packed_send if i == first else sends[i] for i in keep],

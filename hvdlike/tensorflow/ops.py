@@ -238,7 +238,7 @@ def allreduce_submit(tensors: Sequence[tf.Tensor], op: Any, prescale_factor: flo
     packing = Packing(tensors, op)
     crossing = packing.pack(tensors)
     submit = _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set,
-                               packing)
+                               packing.parts)
     return Submitted(_submit_op("allreduce", submit, crossing), packing, crossing)
 
 
@@ -294,12 +294,9 @@ def _normalize_op(op, average, what):
 
 # --------------------------------------------------------------------------- allreduce
 
-def _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set,
-                      packing=None):
-    """The submit function of an all-reduce; with a ``packing``, of the tensors crossing as
-    it packs them (the engine reduces them packed, one result per crossing tensor)."""
-    parts = None if packing is None else packing.parts
-
+def _allreduce_submit(op, prescale_factor, postscale_factor, name, process_set, parts=None):
+    """The submit function of an all-reduce; with ``parts`` (``Packing.parts``), of tensors
+    crossing packed (the engine reduces them packed, one result per crossing tensor)."""
     def submit(op_name, *arrays):
         kw = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   name=name or op_name, process_set=process_set)
