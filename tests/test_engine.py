@@ -105,6 +105,18 @@ def test_blocking_calls_run_in_rounds_of_their_own_and_stay_right_around_them(np
                                  unnamed=[sum(range(np_)) / np_] * 2, obj={"r": 0})
 
 
+@pytest.mark.parametrize("np_", [2, 4])
+def test_a_step_whose_work_ran_on_every_rank_needs_no_follow_up_round(np_):
+    # one async all-reduce a step, 2 ms of "compute" on each side of its wait: a round that
+    # ran every rank's work is not followed by a tick 1 ms later (the ranks start the next
+    # round when they submit), so a step takes one round, not two
+    steps = 40
+    for rank, r in enumerate(run_mpi(np_, "engine_cases:async_steps", timeout=90, steps=steps,
+                                     pause=0.002)):
+        assert r["sums"] == [[float(i * np_ * np_ + sum(range(np_)))] * 4 for i in range(steps)]
+        assert r["rounds"] < 1.5 * steps, f"rank {rank}: {r['rounds']} rounds in {steps} steps"
+
+
 @pytest.mark.parametrize("np_,env,faults", [
     (2, {}, False),
     (3, {"HVDLIKE_SHM_THRESHOLD": "1024", "HVDLIKE_CYCLE_TIME": "0.1"}, False),

@@ -15,7 +15,8 @@ rank with nothing else pending runs its round without queue or handle (``call``,
 path); otherwise the
 background thread ``hvdlike-engine`` does, as soon as work is queued, and every
 ``HVDLIKE_CYCLE_TIME`` ms while any rank has work pending (ten times slower when every rank is
-idle), so that a rank without work of its own still takes part in its peers' rounds. Because
+idle, as after a round that ran every rank's work), so that a rank without work of its own
+still takes part in its peers' rounds. Because
 every rank runs every round and runs its responses in the same order, the transports can use
 ordinary blocking MPI collectives. MPI is initialised with MPI_THREAD_MULTIPLE (mpi4py's
 default): the engine serialises its own calls with a lock, so collectives never have two
@@ -451,7 +452,9 @@ class Engine:
             entry.negotiated = now
         self._round_no += 1
         self._last_round = time.monotonic()
-        self._busy = rows.waiting > 0
+        # work left somewhere after this round; when every rank's work ran, each submits its
+        # next itself (and starts a round then): no follow-up tick needed
+        self._busy = rows.waiting > 0 and not decision.drained
         for key in decision.invalidated:
             entry = self._pending.get(key)
             if entry is not None and entry.position is not None:

@@ -60,6 +60,7 @@ class Round(NamedTuple):
     all_joined: bool
     last_joined: int  # the rank that joined last (highest rank on ties), -1 if not all joined
     stop: bool  # every rank asked to shut down
+    drained: bool  # every rank had work pending and this round runs all of it
 
 
 class Negotiation:
@@ -161,7 +162,8 @@ class Negotiation:
                 if key not in touched:
                     touched.append(key)
                 self._announced.setdefault(key, {})[rank] = (request, error)
-        responses = self._cached_ready(rows, joined, all_joined)
+        ready = self._cached_ready(rows, joined, all_joined)
+        responses = self._responses(ready)
         for key in touched:
             table = self._announced[key]
             if not all(r in table for r in self._active(key[0], joined)):
@@ -175,8 +177,10 @@ class Negotiation:
         last = -1
         if all_joined:  # the rank that joined last; the highest rank on ties
             last = max(range(self.size), key=lambda r: (rows.joined[r], r))
+        drained = (rows.waiting == self.size and not rows.joined_any and not rows.stopped
+                   and not self._announced and all(not bits & ~ready for bits in rows.bits))
         return Round(responses, invalidated, all_joined, last,
-                     len(rows.stopped) == self.size)
+                     len(rows.stopped) == self.size, drained)
 
     def announced(self, key: Key) -> Dict[int, Tuple[Request, Optional[LocalError]]]:
         """The ranks that have announced ``key`` so far (it is not complete yet)."""
@@ -190,9 +194,10 @@ class Negotiation:
             return list(members)
         return [r for r in members if not joined[r]]
 
-    def _cached_ready(self, rows: Rows, joined: List[bool], all_joined: bool) -> List[Response]:
+    def _cached_ready(self, rows: Rows, joined: List[bool], all_joined: bool) -> int:
+        """The cache positions (bits) every active member of their set has pending."""
         if not self._cache or all_joined:
-            return []
+            return 0
         if len(self._set_masks) == 1 and 0 in self._set_masks and not any(joined):
             ready = -1  # common: only the global set, nobody joined
             for bits in rows.bits:
@@ -205,6 +210,10 @@ class Negotiation:
                     mask &= rows.bits[r]
                 if active:
                     ready |= mask
+        return ready
+
+    def _responses(self, ready: int) -> List[Response]:
+        """The cached requests at the positions ``ready``, lowest position first."""
         out = []
         while ready:
             low = ready & -ready

@@ -172,3 +172,21 @@ def without_response_cache(steps: int) -> Dict[str, Any]:
     mix = engine_mix_cases.run_seeds(first=0, count=3)
     return dict(sums=sums, mix_errors=mix["errors"], direct=engine.direct_runs,
                 cached=len(engine._neg._cache))
+
+
+def async_steps(steps: int, pause: float) -> Dict[str, Any]:
+    """A training loop's pattern: every rank submits one async all-reduce a step, computes
+    (``pause``), waits for it, computes again. Returns the sums and the rounds the engine ran."""
+    from hvdlike import runtime
+
+    rank, size = hvd.rank(), hvd.size()
+    engine = runtime.state().engine
+    hvd.allreduce(np.zeros(4), name="g")  # announced once: from here the name is cached
+    before = engine._round_no
+    sums = []
+    for i in range(steps):
+        handle = hvd.allreduce_async(np.full(4, float(i * size + rank)), op=hvd.Sum, name="g")
+        time.sleep(pause)
+        sums.append(handle.synchronize().tolist())
+        time.sleep(pause)
+    return dict(sums=sums, rounds=engine._round_no - before)
