@@ -17,8 +17,10 @@ the loop of Horovod's TensorFlow 2 examples, a ``tf.function`` step with a
 ``--overlap on|off|both`` sets HVDLIKE_OVERLAP for the runs with more than one rank
 (``both``: one run each; HVDLIKE_OVERLAP_BUCKET and the other settings are passed on). ``--timeline`` also writes each run's timeline
 (HVDLIKE_TIMELINE) into ``--out``; scripts/timeline_summary.py reads it.
-Reports: overhead ratio (distributed / plain step time, same run), img/s per rank and
-in total, and scaling efficiency = total img/s at np=N / (N * img/s at np=1).
+Reports: overhead ratio (distributed / plain step time, same run), the CPU time a step
+takes per rank (all of a rank's threads: where ranks share cores, what a distributed step
+adds shows here first), img/s per rank and in total, and scaling efficiency = total img/s
+at np=N / (N * img/s at np=1).
 Writes a table to stdout, ``bench_train.json`` and ``bench_train.png`` in ``--out``
 (default ``results/bench_train``).
 """
@@ -111,14 +113,16 @@ def worker(args):
                                                   verbose=0)
         runs[kind](args.warmup)  # trace + warm up
         models[kind] = m
-    times = {k: [] for k in models}
+    times, cpu = {k: [] for k in models}, {k: [] for k in models}
     for _ in range(args.repeats):
         for kind, run in runs.items():
             hvd.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             run(args.steps)
             dt = (time.perf_counter() - t0) / args.steps
+            dc = (time.process_time() - c0) / args.steps
             times[kind].append(float(hvd.allreduce(np.array(dt), op=hvd.Max)))
+            cpu[kind].append(float(hvd.allreduce(np.array(dc), op=hvd.Average)))
     res = {"np": hvd.size(), "mode": "hvdlike", "loop": args.loop, "model": args.model,
            "batch_size_per_rank": args.batch_size,
            "threads": args.threads, "steps": args.steps, "repeats": args.repeats,
@@ -127,7 +131,7 @@ def worker(args):
     for kind, ts in times.items():
         step = float(np.min(ts))  # best of repeats: least disturbed by other load
         res[kind] = {"step_time_s": step, "median_step_time_s": float(np.median(ts)),
-                     "step_times_s": ts,
+                     "step_times_s": ts, "cpu_s_per_step": float(np.median(cpu[kind])),
                      "img_per_s_per_rank": args.batch_size / step,
                      "img_per_s_total": args.batch_size * hvd.size() / step}
     res["overhead_ratio"] = res["distributed"]["step_time_s"] / res["plain"]["step_time_s"]
@@ -195,21 +199,24 @@ def worker_mwms(args):
     data = {"distributed": dataset(args.batch_size * n), "plain": dataset(args.batch_size)}
     for kind, m in models.items():
         m.fit(data[kind], steps_per_epoch=args.warmup, epochs=1, verbose=0)
-    times = {k: [] for k in models}
+    times, cpu = {k: [] for k in models}, {k: [] for k in models}
     for _ in range(args.repeats):
         for kind in ("plain", "distributed"):
             core.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             models[kind].fit(data[kind], steps_per_epoch=args.steps, epochs=1, verbose=0)
             dt = (time.perf_counter() - t0) / args.steps
+            dc = (time.process_time() - c0) / args.steps
             times[kind].append(float(core.allreduce(np.array(dt), op=core.Max)))
+            cpu[kind].append(float(core.allreduce(np.array(dc), op=core.Average)))
     res = {"np": n, "mode": "mwms", "model": args.model, "batch_size_per_rank": args.batch_size,
            "threads": args.threads, "steps": args.steps, "repeats": args.repeats,
            "overlap": None, "allreduce_alone_s": None, "hidden_fraction": None}
     for kind, ts in times.items():
         step = float(np.min(ts))
         res[kind] = {"step_time_s": step, "median_step_time_s": float(np.median(ts)),
-                     "step_times_s": ts, "img_per_s_per_rank": args.batch_size / step,
+                     "step_times_s": ts, "cpu_s_per_step": float(np.median(cpu[kind])),
+                     "img_per_s_per_rank": args.batch_size / step,
                      "img_per_s_total": args.batch_size * n / step}
     res["overhead_ratio"] = res["distributed"]["step_time_s"] / res["plain"]["step_time_s"]
     if core.rank() == 0:
@@ -276,18 +283,21 @@ def driver(args):
                                    / (r["np"] * base["distributed"]["img_per_s_total"])
                                    if base else None)
     hdr = (f"{'np':>3} {'run':>7} {'plain ms/step':>14} {'dist ms/step':>13} {'dist/plain':>10} "
-           f"{'img/s/rank':>11} {'img/s total':>12} {'scaling eff.':>13} "
-           f"{'allreduce ms':>13} {'hidden':>7}")
+           f"{'CPU ms plain/dist':>17} {'img/s/rank':>11} {'img/s total':>12} "
+           f"{'scaling eff.':>13} {'allreduce ms':>13} {'hidden':>7}")
     lines = [hdr, "-" * len(hdr)]
     for r in results:
         eff = r["scaling_efficiency"]
         hidden = "" if r["hidden_fraction"] is None or r["np"] == 1 else (
             f"{100 * r['hidden_fraction']:.0f}%")
         alone = "" if r["allreduce_alone_s"] is None else f"{1e3 * r['allreduce_alone_s']:.1f}"
+        cpu = (f"{1e3 * r['plain']['cpu_s_per_step']:.2f} / "
+               f"{1e3 * r['distributed']['cpu_s_per_step']:.2f}")
         lines.append(f"{r['np']:>3} {label(r):>7} "
                      f"{1e3 * r['plain']['step_time_s']:>14.2f} "
                      f"{1e3 * r['distributed']['step_time_s']:>13.2f} "
                      f"{r['overhead_ratio']:>10.3f} "
+                     f"{cpu:>17} "
                      f"{r['distributed']['img_per_s_per_rank']:>11.0f} "
                      f"{r['distributed']['img_per_s_total']:>12.0f} "
                      f"{'' if eff is None else f'{100 * eff:.1f}%':>13} "
@@ -309,6 +319,8 @@ def driver(args):
           f"{where}")
     print("hidden: share of the all-reduce alone that the step did not add, "
           "(plain + all-reduce - distributed) / all-reduce")
+    print("CPU: process CPU time a step per rank, all its threads (median of the repeats, "
+          "mean of the ranks)")
     print(table)
     (out / "bench_train.json").write_text(json.dumps(results, indent=2))
     try:

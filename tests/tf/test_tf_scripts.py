@@ -133,6 +133,9 @@ def test_bench_train_times_the_custom_loop_of_horovods_examples(tmp_path):
     (r,) = json.loads((tmp_path / "bench_train.json").read_text())
     assert (r["np"], r["loop"], r["model"], r["overlap_bucket"]) == (2, "tape", "mlp", 4096)
     assert r["distributed"]["step_time_s"] > 0 and r["plain"]["step_time_s"] > 0
+    assert "CPU ms plain/dist" in res.output
+    for kind in ("plain", "distributed"):  # a step's CPU time: some, and not wall time x 100
+        assert 0 < r[kind]["cpu_s_per_step"] < 100 * r[kind]["median_step_time_s"]
 
 
 def test_compare_tf_distribute_writes_table_json_and_png(tmp_path):
