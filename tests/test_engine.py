@@ -117,6 +117,24 @@ def test_a_step_whose_work_ran_on_every_rank_needs_no_follow_up_round(np_):
         assert r["rounds"] < 1.5 * steps, f"rank {rank}: {r['rounds']} rounds in {steps} steps"
 
 
+def test_a_rank_in_no_busy_set_keeps_the_busy_set_company_and_results_stay_right():
+    # ranks 0 and 1 loop on a set of their own; rank 2 has nothing to do. Every round needs
+    # rank 2 too, so it ticks every cycle while the set is busy (not ten cycles apart), and
+    # after a round of the set's work it starts the next round at once, so that the set's
+    # next call finds it there (docs/collectives.md: process sets)
+    steps = 150
+    results = run_mpi(3, "engine_cases:set_with_an_idle_rank", timeout=90, steps=steps,
+                      pause=0.003)
+    for rank in (0, 1):
+        assert results[rank]["sums"] == [[20.0 * i + 1] * 2 for i in range(steps)]
+    samples = results[2]["samples"]
+    company = sum(c for c, _ in samples)
+    assert company >= 0.9 * len(samples), samples
+    assert any(helper for _, helper in samples), samples
+    # one round a call: the set's rounds do not wait for, or add, ticks of rank 2's
+    assert results[0]["rounds"] < 1.25 * steps, results[0]["rounds"]
+
+
 @pytest.mark.parametrize("np_,env,faults", [
     (2, {}, False),
     (3, {"HVDLIKE_SHM_THRESHOLD": "1024", "HVDLIKE_CYCLE_TIME": "0.1"}, False),

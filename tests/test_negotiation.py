@@ -5,7 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from hvdlike.engine.negotiation import Negotiation
+from hvdlike.checks import Request
+from hvdlike.engine.negotiation import Announcement, Negotiation
 
 SIZE = 3
 ROWS = list(itertools.product(
@@ -55,3 +56,46 @@ def test_a_changed_row_is_written_again():
     # the parse of a round sent with the new row knows the new fields
     got = neg.parse(np.tile(other, (SIZE, 1)))
     assert got.same and got.bits == [2] * SIZE and got.joined == [7] * SIZE and got.joined_any
+
+
+SETS = {0: [0, 1, 2], 1: [0, 1]}  # the world, and a set without rank 2
+
+
+def _cached(rank: int, keys) -> Negotiation:
+    """A negotiation of ``rank`` whose cache holds ``keys`` (announced by their sets' members,
+    as every rank sees them), in order: position i for keys[i]."""
+    neg = Negotiation(SIZE, 128, SETS.__getitem__, rank)
+    for key in keys:
+        request = Request("allreduce", key[1], np.dtype(np.float32), (4,))
+        lists = [[Announcement(key, request, None)] if r in SETS[key[0]] else []
+                 for r in range(SIZE)]
+        rows = neg.parse(np.stack([neg.row(0, len(lists[r]), -1, False, False).copy()
+                                   for r in range(SIZE)]))
+        (response,) = neg.decide(rows, lists).responses
+        assert response.key == key and neg.cached(key, request) is not None
+    return neg
+
+
+def _decide(neg: Negotiation, bits, joined=(-1, -1, -1)):
+    rows = neg.parse(np.stack([neg.row(b, 0, j, False, False).copy()
+                               for b, j in zip(bits, joined)]))
+    return neg.decide(rows, None)
+
+
+def test_a_round_that_runs_all_pending_work_is_drained():
+    neg = _cached(0, [(0, "a"), (0, "b"), (1, "s")])  # positions 0, 1, 2
+    assert _decide(neg, [0b1, 0b1, 0b1]).drained  # a training step: everyone's request ran
+    assert _decide(neg, [0b100, 0b100, 0]).drained  # the set's work ran; rank 2 had none
+    assert not _decide(neg, [0b11, 0b1, 0b1]).drained  # "b" waits for ranks 1 and 2
+    assert not _decide(neg, [0b1, 0b1, 0]).drained  # "a" waits for rank 2
+    assert not _decide(neg, [0, 0, 0]).drained  # no work at all: an idle tick
+    assert not _decide(neg, [0b1, 0b1, 0], joined=(-1, -1, 5)).drained  # rank 2 joined
+
+
+def test_the_cache_positions_of_sets_without_this_rank_are_foreign():
+    keys = [(0, "a"), (1, "s"), (1, "t")]
+    assert _cached(0, keys).foreign == 0  # rank 0 is in both sets
+    outside = _cached(2, keys)
+    assert outside.foreign == 0b110
+    outside.forget_set(1)
+    assert outside.foreign == 0

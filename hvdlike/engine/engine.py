@@ -15,8 +15,10 @@ rank with nothing else pending runs its round without queue or handle (``call``,
 path); otherwise the
 background thread ``hvdlike-engine`` does, as soon as work is queued, and every
 ``HVDLIKE_CYCLE_TIME`` ms while any rank has work pending (ten times slower when every rank is
-idle, as after a round that ran every rank's work), so that a rank without work of its own
-still takes part in its peers' rounds. Because
+idle, as after a round that ran all the work pending), so that a rank without work of its own
+still takes part in its peers' rounds. A rank outside a process set whose members are at work
+ticks every cycle for a second after it saw their work, and when it has nothing of its own,
+joins the round after a round of theirs at once (``_keep_company``). Because
 every rank runs every round and runs its responses in the same order, the transports can use
 ordinary blocking MPI collectives. MPI is initialised with MPI_THREAD_MULTIPLE (mpi4py's
 default): the engine serialises its own calls with a lock, so collectives never have two
@@ -51,6 +53,7 @@ _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
 _SPIN_SECONDS = 50e-6  # busy-test an exchange this long before sleeping between tests
 _MAX_SLEEP = 200e-6
 _FAILED_RANKS_WAIT = 2.0  # seconds a failed engine waits to learn which ranks died
+_COMPANY_SECONDS = 1.0  # ticks stay a cycle apart this long after a set without this rank had work
 NONAME_NAMES = 256  # unnamed requests cycle through this many names
 _NONAMES = tuple(f"noname.{k}" for k in range(NONAME_NAMES))
 _GENERAL = object()  # Engine._direct's answer: take the general path (submit, wait)
@@ -80,7 +83,7 @@ class Engine:
         self._st = st
         self._ctrl = st.world.Dup()  # rounds only; data moves on the process sets' comms
         self._neg = Negotiation(st.size, st.settings.cache_capacity,
-                                lambda set_id: _ps._registry[set_id].ranks)
+                                lambda set_id: _ps._registry[set_id].ranks, st.rank)
         self._cycle = st.settings.cycle_time_ms / 1000.0
         try:  # a persistent all-gather (MPI-4) of the rows: half the cost of MPI_Iallgather
             self._gather: Any = self._ctrl.Allgather_init(self._neg.row_array, self._neg.rows)
@@ -102,6 +105,9 @@ class Engine:
         self._round_no = 0
         self._round_lists: Any = None  # this round's announcement lists, one per rank
         self._busy = True  # the last round had work pending somewhere
+        self._company_until = 0.0  # tick every cycle until then: sets without this rank are busy
+        self._helper = False  # the last round ran others' work only, this rank had none
+        self._own_work = 0.0  # when this rank last had work of its own in a round
         self._productive = False
         self._stuck = False  # every rank had work pending in the last round, none ran
         self._last_round = 0.0
@@ -191,7 +197,9 @@ class Engine:
         # no announcements: the responses are the cached requests every active member has;
         # of the sets this rank is in, that can only be this one
         self._round_no += 1
-        self._last_round = time.monotonic()
+        self._last_round = self._own_work = time.monotonic()
+        self._keep_company(rows)
+        self._helper = False
         if rows.same:  # every rank has this request pending and nothing else
             self._busy = False
         elif not all(rows.bits[r] & bit for r in process_set.ranks):
@@ -199,7 +207,7 @@ class Engine:
             self._productive, self._stuck = False, rows.waiting == self._st.size
             return self._pend(request, inputs, process_set, position).handle
         else:
-            self._busy = any(b != bit for b in rows.bits)  # work left somewhere after this
+            self._busy = any(b & ~bit for b in rows.bits)  # work left somewhere after this
         self._productive, self._stuck = True, False
         self.direct_runs += 1
         try:
@@ -321,9 +329,10 @@ class Engine:
     # ------------------------------------------------------------------ rounds
 
     def _pause(self) -> float:
-        """How long to wait before the next round. None when there is news, or when this
+        """How long to wait before the next round. None when there is news, when this
         rank waits for a peer that may submit any moment (it then waits inside the round's
-        exchange, and so answers at once when the peer comes). A cycle time when every rank
+        exchange, and so answers at once when the peer comes), or when it only keeps a busy
+        set company and a round of the set's work just ran. A cycle time when every rank
         waited for something in the last round and nothing came of it (names submitted in
         different orders: rounds back to back would only spin) or while joined; a tick, to
         keep peers company, otherwise."""
@@ -333,10 +342,17 @@ class Engine:
             return 0.0
         if self._pending and (self._productive or not self._stuck):
             return 0.0
-        tick = self._cycle if (self._busy or self._pending) else self._cycle * _IDLE_FACTOR
+        now = time.monotonic()
+        if (self._helper and now < self._company_until
+                and now - self._own_work > self._cycle * _IDLE_FACTOR):
+            return 0.0  # in no busy set: be in the round the busy set starts next, at once
+        if self._busy or self._pending or now < self._company_until:
+            tick = self._cycle
+        else:
+            tick = self._cycle * _IDLE_FACTOR
         if self._st.size == 1 and not self._pending:
             tick = 3600.0  # no peers to keep company: wait for work
-        return self._last_round + tick - time.monotonic()
+        return self._last_round + tick - now
 
     def _run(self) -> None:
         while True:
@@ -433,6 +449,8 @@ class Engine:
     def _negotiate_and_run(self) -> None:
         fresh: List[Entry] = []
         announce = self._take_queue(time.perf_counter(), fresh)
+        if self._pending or self._join_entry is not None:
+            self._own_work = time.monotonic()
         row = self._neg.row(self._bits, len(announce), self._joined_round, self._stopping,
                             self._stall.flag)
         self._conclude(self._neg.parse(self._exchange(row)), announce, fresh)
@@ -452,8 +470,10 @@ class Engine:
             entry.negotiated = now
         self._round_no += 1
         self._last_round = time.monotonic()
-        # work left somewhere after this round; when every rank's work ran, each submits its
-        # next itself (and starts a round then): no follow-up tick needed
+        self._keep_company(rows)
+        # work left somewhere after this round. When all of it ran, a member of a set submits
+        # its next request itself (and starts a round then): no follow-up tick; a rank that
+        # is in no set with work keeps the others company (_keep_company)
         self._busy = rows.waiting > 0 and not decision.drained
         for key in decision.invalidated:
             entry = self._pending.get(key)
@@ -461,6 +481,7 @@ class Engine:
                 self._clear_bit(entry)
                 entry.announced = False
         self._productive = bool(decision.responses)
+        self._helper = self._productive and not rows.bits[self._st.rank] and not announce
         self._stuck = not self._productive and rows.waiting == self._st.size
         if decision.responses:
             self._run_responses(decision.responses, now)
@@ -475,6 +496,16 @@ class Engine:
         if self._pending and self._stall.due(now):
             self._stall.scan(list(self._pending.values()), self._missing, now,
                              self._joined(rows))
+
+    def _keep_company(self, rows: Rows) -> None:
+        """A set without this rank had work pending: its members' rounds need this rank's
+        too, and it has nothing of its own to start one with. For a while, tick every cycle
+        (not ten cycles apart), and, while this rank has had no work of its own either, be in
+        the next round at once after a round of others' work (``_pause``): the set's next
+        call finds this rank there."""
+        foreign = self._neg.foreign
+        if foreign and any(bits & foreign for bits in rows.bits):
+            self._company_until = self._last_round + _COMPANY_SECONDS
 
     @staticmethod
     def _joined(rows: Rows) -> List[int]:

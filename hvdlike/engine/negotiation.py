@@ -60,21 +60,24 @@ class Round(NamedTuple):
     all_joined: bool
     last_joined: int  # the rank that joined last (highest rank on ties), -1 if not all joined
     stop: bool  # every rank asked to shut down
-    drained: bool  # every rank had work pending and this round runs all of it
+    drained: bool  # this round runs all the work pending anywhere (and there was some)
 
 
 class Negotiation:
     """The state every rank keeps identically: response cache and open announcements."""
 
     def __init__(self, size: int, capacity: int,
-                 members: Callable[[int], Sequence[int]]) -> None:
+                 members: Callable[[int], Sequence[int]], rank: int = 0) -> None:
         self.size = size
+        self._rank = rank
         self.capacity = max(0, capacity)  # 0: no cache, every request announced in full
         self.words = max(1, -(-self.capacity // 64))
         self._members = members
         self._cache: Dict[Key, Tuple[int, Request]] = {}
         self._by_position: Dict[int, Key] = {}
         self._set_masks: Dict[int, int] = {}  # process set -> its cache positions' bits
+        self._outside: Dict[int, bool] = {}  # process set -> whether this rank is not in it
+        self.foreign = 0  # the cache positions of sets without this rank
         self._free: List[int] = []
         self._next = 0
         self._announced: Dict[Key, Dict[int, Tuple[Request, Optional[LocalError]]]] = {}
@@ -177,7 +180,7 @@ class Negotiation:
         last = -1
         if all_joined:  # the rank that joined last; the highest rank on ties
             last = max(range(self.size), key=lambda r: (rows.joined[r], r))
-        drained = (rows.waiting == self.size and not rows.joined_any and not rows.stopped
+        drained = (rows.waiting > 0 and not rows.joined_any and not rows.stopped
                    and not self._announced and all(not bits & ~ready for bits in rows.bits))
         return Round(responses, invalidated, all_joined, last,
                      len(rows.stopped) == self.size, drained)
@@ -225,6 +228,8 @@ class Negotiation:
     def _flip(self, set_id: int, position: int) -> None:
         """Set or clear ``position`` in the set's mask (insert sets it, evict clears it)."""
         mask = self._set_masks.get(set_id, 0) ^ (1 << position)
+        if self._outside[set_id]:
+            self.foreign ^= 1 << position
         if mask:
             self._set_masks[set_id] = mask
         else:
@@ -240,6 +245,8 @@ class Negotiation:
             return  # full: this name keeps being announced in full
         self._cache[key] = (position, request)
         self._by_position[position] = key
+        if key[0] not in self._outside:
+            self._outside[key[0]] = self._rank not in self._members(key[0])
         self._flip(key[0], position)
 
     def _evict(self, key: Key) -> None:
@@ -253,5 +260,6 @@ class Negotiation:
         that not every member made (every rank does it in the same round)."""
         for key in [k for k in self._cache if k[0] == set_id]:
             self._evict(key)
+        self._outside.pop(set_id, None)
         for key in [k for k in self._announced if k[0] == set_id]:
             del self._announced[key]

@@ -190,3 +190,31 @@ def async_steps(steps: int, pause: float) -> Dict[str, Any]:
         sums.append(handle.synchronize().tolist())
         time.sleep(pause)
     return dict(sums=sums, rounds=engine._round_no - before)
+
+
+def set_with_an_idle_rank(steps: int, pause: float) -> Dict[str, Any]:
+    """Ranks 0 and 1 run blocking all-reduces on a set of their own, ``pause`` apart, while
+    rank 2, in no set with work, only keeps them company: what its engine did meanwhile
+    (sampled every 5 ms), the rounds run during the set's loop, the sums."""
+    from hvdlike import runtime
+
+    rank = hvd.rank()
+    engine = runtime.state().engine
+    pair = hvd.add_process_set([0, 1])
+    hvd.barrier()
+    before = engine._round_no
+    sums, samples = [], []
+    if rank in (0, 1):
+        for i in range(steps):
+            sums.append(hvd.allreduce(np.full(2, float(10 * i + rank)), op=hvd.Sum, name="s",
+                                      process_set=pair).tolist())
+            time.sleep(pause)
+    else:
+        time.sleep(0.1)
+        for _ in range(40):
+            now = time.monotonic()
+            samples.append((engine._company_until > now, engine._helper))
+            time.sleep(0.005)
+    rounds = engine._round_no - before
+    hvd.barrier()
+    return dict(sums=sums, samples=samples, rounds=rounds)
