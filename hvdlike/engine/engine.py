@@ -17,7 +17,7 @@ background thread ``hvdlike-engine`` does, as soon as work is queued, and every
 ``HVDLIKE_CYCLE_TIME`` ms while any rank has work pending (ten times slower when every rank is
 idle, as after a round that ran all the work pending), so that a rank without work of its own
 still takes part in its peers' rounds. A rank outside a process set whose members are at work
-ticks every cycle for a second after it saw their work, and when it has nothing of its own,
+ticks every cycle for 100 ms after it saw their work, and when it has nothing of its own,
 joins the round after a round of theirs at once (``_keep_company``). Because
 every rank runs every round and runs its responses in the same order, the transports can use
 ordinary blocking MPI collectives. MPI is initialised with MPI_THREAD_MULTIPLE (mpi4py's
@@ -53,7 +53,7 @@ _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
 _SPIN_SECONDS = 50e-6  # busy-test an exchange this long before sleeping between tests
 _MAX_SLEEP = 200e-6
 _FAILED_RANKS_WAIT = 2.0  # seconds a failed engine waits to learn which ranks died
-_COMPANY_SECONDS = 1.0  # ticks stay a cycle apart this long after a set without this rank had work
+_COMPANY_SECONDS = 0.1  # ticks stay a cycle apart this long after a set without this rank had work
 NONAME_NAMES = 256  # unnamed requests cycle through this many names
 _NONAMES = tuple(f"noname.{k}" for k in range(NONAME_NAMES))
 _GENERAL = object()  # Engine._direct's answer: take the general path (submit, wait)
