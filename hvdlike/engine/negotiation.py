@@ -64,7 +64,8 @@ class Round(NamedTuple):
 
 
 class Negotiation:
-    """The state every rank keeps identically: response cache and open announcements."""
+    """The state every rank keeps identically: response cache and open announcements (and,
+    this rank's own, ``foreign``: which cache positions belong to sets without it)."""
 
     def __init__(self, size: int, capacity: int,
                  members: Callable[[int], Sequence[int]], rank: int = 0) -> None:
