@@ -59,14 +59,15 @@ def _case(kind: str, seconds: float, work: float, sets) -> dict:
     else:  # two_sets
         mine = evens if rank % 2 == 0 else odds
         times = _loop(seconds, work * (1 + rank % 2), mine, f"half.{work}")
-    medians = hvd.allgather_object(float(np.median(times)) if times else None)
-    p90s = hvd.allgather_object(float(np.percentile(times, 90)) if times else None)
-    calls = hvd.allgather_object(len(times))
+    mine = ((float(np.median(times)), float(np.percentile(times, 90))) if times
+            else (None, None))
+    gathered = hvd.allgather_object((mine, len(times)))
+    (medians, p90s), calls = zip(*(m for m, _ in gathered)), [c for _, c in gathered]
     members = [r for r in range(size) if medians[r] is not None]
     return {"case": kind, "work_ms": 1e3 * work, "np": size, "members": members,
             "median_s": max(medians[r] for r in members),
             "p90_s": max(p90s[r] for r in members),
-            "medians_by_rank_s": medians, "calls": calls}
+            "medians_by_rank_s": list(medians), "calls": calls}
 
 
 def main() -> None:
