@@ -289,7 +289,7 @@ def _install_abort_hook(st: _State) -> None:
         if st.engine is not None and st.engine.failure is not None:
             # Ranks died under ULFM: Open MPI 5's prterun deadlocked now and then when the
             # survivors called MPI_Abort, so exit instead; the first exit ends the job. A rank
-            # that could not learn which ranks died (engine._failed_ranks) waits a moment, so
+            # that could not learn which ranks died (engine.failures.failed_ranks) waits a moment, so
             # that one that could is heard first.
             if not st.engine.failure.failed:
                 time.sleep(1.0)

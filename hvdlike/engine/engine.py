@@ -43,10 +43,10 @@ from .. import timeline
 from ..checks import LocalError, Request, raised_on_every_rank
 from ..errors import RanksFailedError
 from ..handles import Handle
-from ..transport.cma import PeerGone
 from . import execute, execute_gpu
 from .stall import StallInspector
 from .execute import ALLREDUCES, RUNNERS, Work
+from .failures import comm_failed, failed_ranks, is_process_failure
 from .negotiation import Announcement, Key, Negotiation, Rows
 
 _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
@@ -215,7 +215,7 @@ class Engine:
                 return execute.allreduce_now(self._st, request, inputs, process_set)
             return RUNNERS[request.kind](self._st, Work(request, inputs, process_set, _discard))
         except Exception as exc:
-            if _is_process_failure(exc, self._ctrl):
+            if is_process_failure(exc, self._ctrl):
                 self._fail(exc)
                 raise self.failure or exc
             raise
@@ -377,7 +377,7 @@ class Engine:
         """A round raised: ranks died (ULFM), or an internal error, which (unlike an error in
         a collective's data, which goes to its handle) leaves this rank's rounds out of step
         with its peers': stop the job rather than hang."""
-        if _is_process_failure(exc, self._ctrl):
+        if is_process_failure(exc, self._ctrl):
             self._fail(exc)
         else:
             import sys
@@ -440,7 +440,7 @@ class Engine:
                     if now >= check:  # no answer from some rank for a long time
                         warned = self._stall.exchange_waited(now - start, warned)
                         check = now + self._stall.interval
-                    if _comm_failed(self._ctrl):  # ULFM: a rank died; do not wait on
+                    if comm_failed(self._ctrl):  # ULFM: a rank died; do not wait on
                         from mpi4py import MPI
                         raise MPIException(MPI.ERR_PROC_FAILED)
                 break
@@ -626,7 +626,7 @@ class Engine:
         try:
             run()
         except Exception as exc:  # noqa: BLE001 - handed to the caller, raised there
-            if _is_process_failure(exc, self._ctrl):
+            if is_process_failure(exc, self._ctrl):
                 raise  # the whole engine fails, with every request in it (_fail)
             for work in works:
                 handle = getattr(work.done, "__self__", None)
@@ -713,7 +713,7 @@ class Engine:
                 self._gather.Wait()
             except MPIException:
                 pass
-        failed = _failed_ranks(self._ctrl, _FAILED_RANKS_WAIT)
+        failed = failed_ranks(self._ctrl, _FAILED_RANKS_WAIT)
         named = f"ranks {failed}" if failed else "some ranks"
         error = RanksFailedError(
             f"hvdlike: {named} of the {st.size}-rank job died ({exc}). Collectives cannot go on "
@@ -739,55 +739,6 @@ class Engine:
 
 def _discard(result: Any) -> None:
     return None
-
-
-def _is_process_failure(exc: BaseException, comm: Any) -> bool:
-    """True for an error that comes from a dead rank: MPI's (ULFM) own error classes, or any
-    MPI error once ``comm`` knows of a failure (Open MPI's non-blocking collectives may report
-    one as MPI_ERR_OTHER), or the single-copy all-reduce finding a peer's process gone (the
-    peer may have died after its part of MPI's last step had gone out, so MPI said nothing)."""
-    if isinstance(exc, PeerGone):
-        return True
-    if not isinstance(exc, MPIException):
-        return False
-    from mpi4py import MPI
-    codes = {getattr(MPI, n, None) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING",
-                                             "ERR_REVOKED")} - {None}
-    return exc.Get_error_class() in codes or _comm_failed(comm)
-
-
-def _comm_failed(comm: Any) -> bool:
-    """Whether ``comm`` is revoked or knows of a dead member (local, about 0.3 µs)."""
-    try:
-        if comm.Is_revoked():
-            return True
-        group = comm.Get_failed()
-        failed = group.Get_size() > 0
-        group.Free()
-        return failed
-    except (MPIException, NotImplementedError, AttributeError):
-        return False
-
-
-def _failed_ranks(comm: Any, wait: float = 0.0) -> List[int]:
-    """The ranks of ``comm`` known here to have died (ULFM's MPI_Comm_get_failed); [] if still
-    unknown after ``wait`` seconds, or on an MPI without ULFM. A rank told of a death only by
-    a peer's revoke learns who died once MPI makes progress (30-65 ms in our runs), so it
-    drives MPI's progress while it waits."""
-    from mpi4py import MPI
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            comm.Ack_failed()
-            group = comm.Get_failed()
-            failed = group.Translate_ranks(list(range(group.Get_size())), comm.Get_group())
-            group.Free()
-        except (MPIException, NotImplementedError, AttributeError):
-            return []
-        if failed or time.monotonic() >= deadline:
-            return sorted(int(r) for r in failed)
-        MPI.COMM_SELF.Iprobe()  # a call into MPI: its progress engine hears of the failure
-        time.sleep(0.01)
 
 
 def _row_name(process_set: Any, name: str) -> str:
