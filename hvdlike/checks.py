@@ -36,6 +36,12 @@ _SHAPE_AFTER_FIRST = ("allgather", "grouped_allgather", "alltoall")
 _JOIN_COMPATIBLE = ("allreduce", "grouped_allreduce")
 
 
+def joinable(request: Request) -> bool:
+    """Whether ``request`` may run while some ranks have joined (they contribute zeros)."""
+    return (request.kind in _JOIN_COMPATIBLE
+            and request.op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.ADASUM))
+
+
 def raised_on_every_rank(exc: Exception, set_rank: int) -> Exception:
     """Mark an error that every rank of a set raises, so that if it goes uncaught only the
     set's first rank prints it before the job is aborted."""
@@ -79,8 +85,7 @@ def resolve(answers: Sequence[Optional[Tuple[Request, Optional[LocalError]]]],
             "with the same collective, dtype, shape, op, root and device (host or GPU; only the "
             "first dimension may differ in allgather and alltoall).")
     joined = [r for r, a in zip(ranks, answers) if a is None]
-    if joined and (request.kind not in _JOIN_COMPATIBLE
-                   or request.op not in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.ADASUM)):
+    if joined and not joinable(request):
         raise ValueError(
             f"{what}: ranks {joined} have already called hvdlike.join(); until every rank has "
             "joined, only allreduce and grouped_allreduce with op Sum, Average or Adasum may be "

@@ -29,3 +29,16 @@ class HostsUpdatedInterrupt(RuntimeError):
     """Horovod's signal that hosts were added or removed. hvdlike has no host discovery: it
     replaces dead ranks inside the reset that follows their death (``hvdlikerun --max-np``),
     so it never raises this; it exists so that Horovod code catching it ports."""
+
+
+class DeadlockError(RuntimeError):
+    """Every rank of a process set has been blocked waiting for
+    ``HVDLIKE_DEADLOCK_SECONDS``, each for names that only the others could submit (rank 0
+    waits for ``a``, which rank 1 submits only after its wait for ``b`` ends, and rank 1 for
+    ``b``, which rank 0 submits only after ``a``). Raised on each of those ranks from the
+    call that waits, with the same message naming, per rank, what it waits for and which ranks
+    have not submitted it."""
+
+    def __init__(self, message: str, ranks: List[int]) -> None:
+        super().__init__(message)
+        self.ranks = ranks  # the deadlocked world ranks

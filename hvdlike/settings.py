@@ -20,6 +20,7 @@
 | HVDLIKE_STALL_CHECK_TIME_SECONDS | 60 | a rank that has waited this long for a collective that other ranks have not submitted logs which ranks and which collective, once |
 | HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS | 0 | after waiting this long every rank prints that report and exits with status 1 (0: never) |
 | HVDLIKE_STALL_CHECK_DISABLE | 0 | 1 turns the stall inspector off |
+| HVDLIKE_DEADLOCK_SECONDS | 10 | when every rank of a process set has been blocked waiting this long, each for names only the others could submit, those ranks raise DeadlockError naming what each waits for (0: never) |
 | HVDLIKE_LOG_LEVEL | warning | trace, debug, info, warning, error or fatal: what the `hvdlike` logger prints (on stderr, prefixed with the rank) |
 | HVDLIKE_GPU_TRANSPORT | auto | GPU arrays: `auto` (NCCL where every rank of the set has it and its own GPU, else staged through host memory with one warning), `nccl` (an error where NCCL cannot serve), `staged` |
 | HVDLIKE_NODE_NAMES | (unset) | comma-separated node name per world rank, overriding MPI's topology |
@@ -79,7 +80,8 @@ KNOWN_NAMES = frozenset({
     "HVDLIKE_TF_WAIT_KERNEL",
     "HVDLIKE_TIMELINE_MARK_CYCLES", "HVDLIKE_ABORT_ON_EXCEPTION",
     "HVDLIKE_STALL_CHECK_TIME_SECONDS", "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
-    "HVDLIKE_STALL_CHECK_DISABLE", "HVDLIKE_LOG_LEVEL", "HVDLIKE_GPU_TRANSPORT",
+    "HVDLIKE_STALL_CHECK_DISABLE", "HVDLIKE_DEADLOCK_SECONDS", "HVDLIKE_LOG_LEVEL",
+    "HVDLIKE_GPU_TRANSPORT",
     "HVDLIKE_NODE_NAMES", "HVDLIKE_STATE_DIR", "HVDLIKE_ELASTIC_MIN_NP",
     "HVDLIKE_ELASTIC_MAX_NP",
     # set by hvdlikerun, hvdlike.run and TF_CONFIG emulation for the ranks
@@ -149,6 +151,7 @@ class Settings:
     stall_check: bool = True
     stall_check_time: float = 60.0
     stall_shutdown_time: float = 0.0
+    deadlock_seconds: float = 10.0
     log_level: str = "warning"
     gpu_transport: str = "auto"
 
@@ -192,6 +195,8 @@ class Settings:
                                       cls.stall_check_time, zero=False),
             stall_shutdown_time=_seconds(env, "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
                                          cls.stall_shutdown_time, zero=True),
+            deadlock_seconds=_seconds(env, "HVDLIKE_DEADLOCK_SECONDS", cls.deadlock_seconds,
+                                      zero=True),
             log_level=_log_level(env),
             gpu_transport=_choice(env, "HVDLIKE_GPU_TRANSPORT", ("auto", "nccl", "staged")),
         )

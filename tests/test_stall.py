@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from mpi_harness import TESTS, launch
+from mpi_harness import TESTS, launch, run_mpi
 
 CASES = str(TESTS / "mpi_cases" / "stall_cases.py")
 STALL = {"HVDLIKE_STALL_CHECK_TIME_SECONDS": "1", "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS": "3"}
@@ -113,3 +113,34 @@ def test_a_rank_whose_script_ends_early_fails_the_others_collective_at_once(np_,
     assert (f"hvdlike.allreduce 'layer1/kernel' cannot complete: ranks [{missing}] shut "
             "hvdlike down") in job.output, job.output[-3000:]
     assert "stalled" not in job.output
+
+
+def test_ranks_blocked_on_names_only_the_others_submit_raise_a_deadlock_error_naming_them():
+    # rank 0 blocks on a then b, rank 1 on b then a: at default settings both raise, each
+    # with the same message naming both ranks and both names
+    results = run_mpi(2, "deadlock_cases:mutual_wait", timeout=60)
+    for rank, r in enumerate(results):
+        assert r["sums"] == {} and r["ranks"] == [0, 1], r
+        assert "rank 0 waits for allreduce 'a', which ranks [1] have not submitted" in r["error"]
+        assert "rank 1 waits for allreduce 'b', which ranks [0] have not submitted" in r["error"]
+    assert results[0]["error"] == results[1]["error"]
+
+
+def test_deadlocks_on_a_set_and_in_a_cycle_are_named_and_a_slow_rank_is_only_waited_for():
+    results = run_mpi(4, "deadlock_cases:several", timeout=90, slow=2.5,
+                      env={"HVDLIKE_DEADLOCK_SECONDS": "1"})
+    for rank, r in enumerate(results):
+        if rank < 2:  # the set {0, 1} deadlocked; ranks 2 and 3 were busy on their own set
+            assert r["set"]["ranks"] == [0, 1], r
+            assert "on process set 1" in r["set"]["error"]
+        else:
+            assert r["set"]["error"] is None
+            assert r["set"]["sums"] == {f"h{i}": [7.0, 7.0] for i in range(20)}
+        # rank 3 computed longer than the deadlock time: the others waited for it
+        assert r["slow"] == {"sums": {"late": [10.0, 10.0]}, "error": None}, r
+        # every rank blocked on its own name, which the others submit only after theirs
+        assert r["cycle"]["ranks"] == [0, 1, 2, 3] and r["cycle"]["sums"] == {}
+        for q in range(4):
+            others = [p for p in range(4) if p != q]
+            assert (f"rank {q} waits for allreduce 'c{q}', which ranks {others} have not "
+                    "submitted") in r["cycle"]["error"]

@@ -5,9 +5,12 @@ name in any submission order. Unnamed ones get ``noname.<k mod 256>``, k countin
 set's unnamed requests on this rank: instances of one name pair in submission order, so the
 k-th unnamed request pairs with every rank's k-th, and a loop of unnamed calls reuses 256
 names, which the response cache then knows. Progress happens in *rounds*,
-the same sequence of rounds on every rank: gather one small row from every rank
-(``negotiation``), run what became ready everywhere (fused all-reduces first, then the
-others, in an order every rank computes alike), complete the handles.
+the same sequence of rounds on every rank: one fixed-size AND all-reduce says what is ready
+everywhere (``negotiation``; ``control`` runs it), then what became ready runs (fused
+all-reduces first, then the others, in an order every rank computes alike) and the handles
+complete. When every member of a set has been blocked waiting past
+``HVDLIKE_DEADLOCK_SECONDS``, each for names only the others could submit, those ranks'
+waits fail with ``DeadlockError`` (``deadlock``).
 
 Who runs a round: a thread blocked in ``synchronize()`` (or a blocking collective) runs it
 itself when no round is running (no thread hand-off); a blocking call of a cached name on a
@@ -32,38 +35,42 @@ wait for a stopping rank (it will submit nothing more); requests of sets without
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
-
-import numpy as np
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from mpi4py.MPI import Exception as MPIException
 
 from .. import process_sets as _ps
 from .. import timeline
 from ..checks import LocalError, Request, raised_on_every_rank
-from ..errors import RanksFailedError
+from ..errors import DeadlockError, RanksFailedError
 from ..handles import Handle
 from . import execute, execute_gpu
+from .control import Control
+from .deadlock import JOIN_KEY, Found
 from .stall import StallInspector
 from .execute import ALLREDUCES, RUNNERS, Work
-from .failures import comm_failed, failed_ranks, is_process_failure
-from .negotiation import Announcement, Key, Negotiation, Rows
+from .failures import failed_ranks, is_process_failure
+from .negotiation import Detail, Flag, Key, Mine, Negotiation, Summary
 
 _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
-_SPIN_SECONDS = 50e-6  # busy-test an exchange this long before sleeping between tests
-_MAX_SLEEP = 200e-6
 _FAILED_RANKS_WAIT = 2.0  # seconds a failed engine waits to learn which ranks died
 _COMPANY_SECONDS = 0.1  # ticks stay a cycle apart this long after a set without this rank had work
 NONAME_NAMES = 256  # unnamed requests cycle through this many names
 _NONAMES = tuple(f"noname.{k}" for k in range(NONAME_NAMES))
 _GENERAL = object()  # Engine._direct's answer: take the general path (submit, wait)
+_DEADLOCK_CHECK_EVERY = 1.0  # seconds between deadlock checks while ranks stay blocked
+_ALL_SETS = (1 << 64) - 1  # the deadlock word of a rank blocked past the deadlock time
+# flags after which a round needs more than its all-reduce (Engine._direct leaves it then)
+_SPECIAL = sum(1 << f for f in (Flag.UNPUBLISHED, Flag.STOPPING, Flag.STALLED, Flag.JOINED,
+                                Flag.DETAIL))
+_WAITING = 1 << Flag.WAITING
 
 
 class Entry:
     """A request this rank submitted, until its response has run."""
 
     __slots__ = ("key", "request", "error", "inputs", "process_set", "handle", "position",
-                 "announced", "warned", "submitted", "carried", "negotiated")
+                 "warned", "submitted", "carried", "negotiated")
 
     def __init__(self, request: Request, error: Optional[LocalError], inputs: Any,
                  process_set: Any, handle: Handle) -> None:
@@ -71,7 +78,6 @@ class Entry:
         self.request, self.error, self.inputs = request, error, inputs
         self.process_set, self.handle = process_set, handle
         self.position: Optional[int] = None  # cache position whose bit this entry sets
-        self.announced = False
         self.warned = False  # the stall inspector has reported it
         # perf_counter times: submitted; start and end of the first round that carried it
         self.submitted = time.perf_counter()
@@ -81,15 +87,21 @@ class Entry:
 class Engine:
     def __init__(self, st: Any) -> None:
         self._st = st
-        self._ctrl = st.world.Dup()  # rounds only; data moves on the process sets' comms
         self._neg = Negotiation(st.size, st.settings.cache_capacity,
                                 lambda set_id: _ps._registry[set_id].ranks, st.rank)
         self._cycle = st.settings.cycle_time_ms / 1000.0
-        try:  # a persistent all-gather (MPI-4) of the rows: half the cost of MPI_Iallgather
-            self._gather: Any = self._ctrl.Allgather_init(self._neg.row_array, self._neg.rows)
-        except (NotImplementedError, AttributeError, MPIException):
-            self._gather = None
         self._stall = StallInspector(st.settings, st.rank)
+        self._control = Control(st.world, self._neg.contribution, self._neg.reduced, self._stall)
+        self._ctrl = self._control.comm  # rounds only; data moves on the process sets' comms
+        self._want_detail = False  # ask for every rank's detail in the next round
+        self._round_detail: Optional[Detail] = None  # the detail the last round gathered
+        self._deadlock_seconds = st.settings.deadlock_seconds
+        self._deadlock_next = 0.0  # no deadlock check before then (the same on every rank)
+        self._waited: List[Handle] = []  # the handles threads are blocked on (in wait())
+        self._wait_start = 0.0  # since when some thread has been blocked in wait()
+        self._progress_at = 0.0  # when a request of this rank last completed
+        self._outside_word = self._outside_sets()  # the deadlock word while not blocked
+        self._direct_mine = Mine()  # the latency path's last contribution
         self._qlock = threading.Lock()  # guards the queue, the counters and _stopping
         self._cv = threading.Condition(self._qlock)  # wakes the background thread
         self._queue: List[Entry] = []
@@ -103,7 +115,6 @@ class Engine:
         self._joined_round = -1
         self._join_entry: Optional[Entry] = None
         self._round_no = 0
-        self._round_lists: Any = None  # this round's announcement lists, one per rank
         self._busy = True  # the last round had work pending somewhere
         self._company_until = 0.0  # tick every cycle until then: sets without this rank are busy
         self._helper = False  # the last round ran others' work only, this rank had none
@@ -178,36 +189,38 @@ class Engine:
             with self._qlock:
                 request = self._named(request, set_id)
         position = self._neg.cached((set_id, request.name), request)
-        if position is None:  # new to the response cache: announced by the general path
+        if position is None:  # new to the response cache: negotiated by the general path
             return self.submit(request, None, inputs, process_set, wake=False)
         bit = 1 << position
+        mine = self._direct_mine
+        if (mine.bits, mine.stalled, mine.detail, mine.blocked) != (
+                bit, self._stall.flag, self._want_detail, self._outside_word):
+            mine = self._direct_mine = Mine(bit, (), True, -1, False, self._stall.flag,
+                                            self._want_detail, self._outside_word)
         try:
-            rows = self._neg.parse(self._exchange(self._neg.row(bit, 0, -1, False,
-                                                                self._stall.flag)))
+            self._neg.vector(mine)
+            summary = self._neg.read(self._control.exchange())
         except BaseException as exc:
             self._round_failed(exc)
             raise self.failure or exc
-        if rows.announced or rows.stalled or rows.stopped or rows.joined_any:
+        if summary.some & _SPECIAL or summary.blocked or self._neg.completes(summary):
             entry = self._pend(request, inputs, process_set, position)
             try:
-                self._conclude(rows, [], [entry])
+                self._conclude(summary, mine, [entry])
             except BaseException as exc:
                 self._round_failed(exc)
             return entry.handle
-        # no announcements: the responses are the cached requests every active member has;
-        # of the sets this rank is in, that can only be this one
+        # nothing but cached requests (no request in negotiation completes): the responses are
+        # those every active member has; of the sets this rank is in, that can only be this one
         self._round_no += 1
         self._last_round = self._own_work = time.monotonic()
-        self._keep_company(rows)
+        self._keep_company(summary.union)
         self._helper = False
-        if rows.same:  # every rank has this request pending and nothing else
-            self._busy = False
-        elif not all(rows.bits[r] & bit for r in process_set.ranks):
+        if not summary.ready & bit:
             self._busy = True
-            self._productive, self._stuck = False, rows.waiting == self._st.size
+            self._productive, self._stuck = False, bool(summary.every & _WAITING)
             return self._pend(request, inputs, process_set, position).handle
-        else:
-            self._busy = any(b & ~bit for b in rows.bits)  # work left somewhere after this
+        self._busy = bool(summary.union & ~bit)  # work left somewhere after this
         self._productive, self._stuck = True, False
         self.direct_runs += 1
         try:
@@ -238,12 +251,16 @@ class Engine:
     def wait(self, handle: Handle) -> None:
         """Return once ``handle`` is complete, running rounds on this thread when none runs."""
         with self._qlock:
+            if not self._waiters:
+                self._wait_start = time.perf_counter()
             self._waiters += 1
+            self._waited.append(handle)
         try:
             self._wait(handle)
         finally:
             with self._qlock:
                 self._waiters -= 1
+                self._waited.remove(handle)
 
     def _wait(self, handle: Handle) -> None:
         while not handle._done:
@@ -278,13 +295,8 @@ class Engine:
             self._cv.notify()
         self._thread.join()
         execute_gpu.reset()
-        if self.failure is not None:  # the communicators are revoked: nothing to free together
-            if self._gather is not None:
-                self._gather.Free()
-            return
-        if self._gather is not None:
-            self._gather.Free()
-        self._ctrl.Free()
+        # revoked communicators (ranks died) have nothing to free together
+        self._control.free(failed=self.failure is not None)
 
     def pause(self) -> None:
         """Run no more rounds after this one (``exclusive_mpi``: it runs in a round, the same
@@ -388,9 +400,10 @@ class Engine:
             sys.stderr.flush()
             self._st.mpi.COMM_WORLD.Abort(1)
 
-    def _take_queue(self, now: float, fresh: List[Entry]) -> List[Announcement]:
-        """Move the queue into the pending requests; returns what to announce and adds the
-        requests this round carries for the first time to ``fresh``."""
+    def _take_queue(self, now: float, fresh: List[Entry]) -> List[Tuple[Key, Request, Any]]:
+        """Move the queue into the pending requests; returns the pending requests that are not
+        in the response cache (key, request, local error) and adds the requests this round
+        carries for the first time to ``fresh``."""
         with self._qlock:
             new, self._queue = self._queue, []
         for entry in new:
@@ -406,126 +419,183 @@ class Engine:
                 self._later.setdefault(entry.key, deque()).append(entry)
             else:
                 self._pending[entry.key] = entry
-        announce = []
+        uncached = []
         for entry in self._pending.values():
-            if entry.announced or entry.position is not None:
-                continue
-            position = None if entry.error else self._neg.cached(entry.key, entry.request)
-            if position is None:
-                announce.append(Announcement(entry.key, entry.request, entry.error))
-                entry.announced = True
-            else:
-                entry.position = position
-                self._bits |= 1 << position
+            if entry.position is None:
+                position = None if entry.error else self._neg.cached(entry.key, entry.request)
+                if position is None:
+                    uncached.append((entry.key, entry.request, entry.error))
+                else:
+                    entry.position = position
+                    self._bits |= 1 << position
             if not entry.carried:
                 entry.carried = now
                 fresh.append(entry)
-        return announce
+        return uncached
 
-    def _exchange(self, row: np.ndarray) -> np.ndarray:
-        rows = self._neg.rows
-        if self._gather is not None:
-            request = self._gather
-            request.Start()
-        else:
-            request = self._ctrl.Iallgather(row, rows)
-        start = time.perf_counter()
-        while not request.Test():
-            if time.perf_counter() - start > _SPIN_SECONDS:
-                sleep, warned, check = 20e-6, False, start + self._stall.first_check
-                while not request.Test():
-                    time.sleep(sleep)
-                    sleep = min(2 * sleep, _MAX_SLEEP)
-                    now = time.perf_counter()
-                    if now >= check:  # no answer from some rank for a long time
-                        warned = self._stall.exchange_waited(now - start, warned)
-                        check = now + self._stall.interval
-                    if comm_failed(self._ctrl):  # ULFM: a rank died; do not wait on
-                        from mpi4py import MPI
-                        raise MPIException(MPI.ERR_PROC_FAILED)
-                break
-        return rows
+    def _outside_sets(self) -> int:
+        """The deadlock word of a rank not blocked: a bit for each set it is not in (kept in
+        ``_outside_word``, made again when sets change)."""
+        word = 0
+        for set_id, ps in _ps._registry.items():
+            if ps._comm is None:
+                word |= 1 << min(set_id, 63)
+        return word
+
+    def _mine(self, uncached: List[Tuple[Key, Request, Any]], fresh: List[Entry]) -> Mine:
+        """What this rank brings to the round."""
+        now = time.perf_counter()
+        blocked, waits = self._outside_word, ()
+        if (self._waiters and self._deadlock_seconds > 0 and now >= self._deadlock_next
+                and now - max(self._wait_start, self._progress_at) >= self._deadlock_seconds):
+            blocked, waits = _ALL_SETS, tuple(self._waits())
+        # the timeline names the ranks a request waited for: rows of the rounds it waits in
+        detail = self._want_detail or (timeline.current is not None
+                                       and len(self._pending) > len(fresh))
+        return Mine(self._bits, uncached, bool(self._pending) or self._joined_round >= 0,
+                    self._joined_round, self._stopping, self._stall.flag, detail, blocked,
+                    waits, self._pending)
+
+    def _waits(self) -> List[Tuple[Key, str]]:
+        """What the threads blocked in wait() wait for: (key, kind)."""
+        out = []
+        for handle in list(self._waited):
+            entry = self._entry_of(handle)
+            if entry is not None and (entry.key, entry.request.kind) not in out:
+                out.append((JOIN_KEY if entry.request.kind == "join" else entry.key,
+                            entry.request.kind))
+        return out
+
+    def _entry_of(self, handle: Handle) -> Optional[Entry]:
+        if self._join_entry is not None and self._join_entry.handle is handle:
+            return self._join_entry
+        for entry in self._pending.values():
+            if entry.handle is handle:
+                return entry
+        for later in self._later.values():
+            for entry in later:
+                if entry.handle is handle:
+                    return entry
+        return None
 
     def _negotiate_and_run(self) -> None:
         fresh: List[Entry] = []
-        announce = self._take_queue(time.perf_counter(), fresh)
+        uncached = self._take_queue(time.perf_counter(), fresh)
         if self._pending or self._join_entry is not None:
             self._own_work = time.monotonic()
-        row = self._neg.row(self._bits, len(announce), self._joined_round, self._stopping,
-                            self._stall.flag)
-        self._conclude(self._neg.parse(self._exchange(row)), announce, fresh)
+        mine = self._mine(uncached, fresh)
+        self._neg.vector(mine)
+        self._conclude(self._neg.read(self._control.exchange()), mine, fresh)
 
-    def _conclude(self, rows: Rows, announce: List[Announcement], fresh: List[Entry]) -> None:
-        """The rest of a round once every rank's row is in, the same on every rank: stall
-        shutdown, announcements, the decision, running the responses."""
-        if rows.stalled:  # some rank has waited past the stall shutdown time: every rank ends
+    def _conclude(self, summary: Summary, mine: Mine, fresh: List[Entry]) -> None:
+        """The rest of a round once the all-reduce is in, the same on every rank: the
+        negotiation's decision, stall shutdown, running the responses."""
+        decision = self._neg.conclude(summary, mine, self._control)
+        self._round_detail = decision.detail
+        if decision.detail is not None:
+            self._want_detail = False
+        if summary.any(Flag.STALLED):  # some rank waited past the stall shutdown time: all end
             report = self._stall.report(list(self._pending.values()), self._missing,
-                                        time.perf_counter(), self._joined(rows))
+                                        time.perf_counter(), self._joined())
             self._stall.shut_down(self._ctrl.allgather(report), self._ctrl.Barrier)
-        lists = self._ctrl.allgather(announce) if rows.announced else None
-        self._round_lists = lists
-        decision = self._neg.decide(rows, lists)
         now = time.perf_counter()
         for entry in fresh:
             entry.negotiated = now
+        if summary.blocked:  # every rank checked for a deadlock in this round
+            self._deadlock_next = now + _DEADLOCK_CHECK_EVERY
         self._round_no += 1
         self._last_round = time.monotonic()
-        self._keep_company(rows)
+        self._keep_company(decision.union)
         # work left somewhere after this round. When all of it ran, a member of a set submits
         # its next request itself (and starts a round then): no follow-up tick; a rank that
         # is in no set with work keeps the others company (_keep_company)
-        self._busy = rows.waiting > 0 and not decision.drained
+        self._busy = decision.any_waiting and not decision.drained
         for key in decision.invalidated:
             entry = self._pending.get(key)
             if entry is not None and entry.position is not None:
                 self._clear_bit(entry)
-                entry.announced = False
         self._productive = bool(decision.responses)
-        self._helper = self._productive and not rows.bits[self._st.rank] and not announce
-        self._stuck = not self._productive and rows.waiting == self._st.size
+        self._helper = self._productive and not mine.bits and not mine.uncached
+        self._stuck = not self._productive and decision.all_waiting
         if decision.responses:
             self._run_responses(decision.responses, now)
         if decision.all_joined and self._join_entry is not None:
             entry, self._join_entry, self._joined_round = self._join_entry, None, -1
+            self._progress_at = now
             entry.handle._complete(decision.last_joined, None)
+        if decision.deadlock is not None:
+            self._fail_deadlocked(decision.deadlock)
         if decision.stop:
             self._stop_now()
             return
-        if rows.stopped:
-            self._fail_waiting_on(rows.stopped)
+        if decision.stopped:
+            self._fail_waiting_on(decision.stopped)
         if self._pending and self._stall.due(now):
-            self._stall.scan(list(self._pending.values()), self._missing, now,
-                             self._joined(rows))
+            if decision.detail is not None:
+                self._stall.scan(list(self._pending.values()), self._missing, now,
+                                 self._joined())
+            elif any(now - e.submitted >= self._stall.first_check
+                     for e in self._pending.values()):
+                self._want_detail = True  # the scan names the missing ranks: rows next round
+            else:
+                self._stall.next_scan = now + self._stall.interval
 
-    def _keep_company(self, rows: Rows) -> None:
+    def _fail_deadlocked(self, found: Found) -> None:
+        """This round found ranks blocked for good: on those, fail what their threads wait
+        for with the report (the same text on every rank)."""
+        me = self._st.rank
+        if me not in found.ranks:
+            return
+        keys = found.waits[me]
+        for handle in list(self._waited):
+            entry = self._entry_of(handle)
+            if entry is None or (JOIN_KEY if entry.request.kind == "join" else entry.key) \
+                    not in keys:
+                continue
+            if entry is self._join_entry:
+                self._join_entry, self._joined_round = None, -1
+            elif self._pending.get(entry.key) is entry:
+                self._retire(entry)
+            else:
+                self._later[entry.key].remove(entry)
+                if not self._later[entry.key]:
+                    del self._later[entry.key]
+            error = DeadlockError(found.message, list(found.ranks))
+            error.hvdlike_quiet = me != found.ranks[0]  # type: ignore[attr-defined]
+            entry.handle._complete(None, error)
+
+    def _keep_company(self, union: int) -> None:
         """A set without this rank had work pending: its members' rounds need this rank's
         too, and it has nothing of its own to start one with. For a while, tick every cycle
         (not ten cycles apart), and, while this rank has had no work of its own either, be in
         the next round at once after a round of others' work (``_pause``): the set's next
         call finds this rank there."""
-        foreign = self._neg.foreign
-        if foreign and any(bits & foreign for bits in rows.bits):
+        if union & self._neg.foreign:
             self._company_until = self._last_round + _COMPANY_SECONDS
 
-    @staticmethod
-    def _joined(rows: Rows) -> List[int]:
-        return [r for r, j in enumerate(rows.joined) if j >= 0]
+    def _joined(self) -> List[int]:
+        """The ranks that have joined, as the last rows gathered say."""
+        detail = self._neg.last_detail
+        return [] if detail is None else [r for r, j in enumerate(detail.joined) if j >= 0]
 
     def _missing(self, entry: Entry) -> List[int]:
-        """The members that had not submitted ``entry``'s request in the last round."""
-        rows = self._neg.last_rows
-        assert rows is not None
+        """The members that had not submitted ``entry``'s request in the last round that
+        gathered every rank's row (stall reports, ranks that shut down, a removed set)."""
         set_id = entry.key[0]
-        if entry.position is not None:
-            have = [bool(rows.bits[r] >> entry.position & 1) for r in range(self._st.size)]
-        else:
-            table = self._neg.announced(entry.key)
-            have = [r in table for r in range(self._st.size)]
-        return [r for r in _ps._registry[set_id].ranks
-                if not have[r] and not (set_id == 0 and rows.joined[r] >= 0)]
+        members = _ps._registry[set_id].ranks
+        detail, me = self._neg.last_detail, self._st.rank
+        if detail is None:
+            return [r for r in members if r != me]
+        out = []
+        for r in members:
+            if set_id == 0 and detail.joined[r] >= 0:
+                continue
+            has = detail.has(r, entry.key)
+            if not (r == me if has is None else has):  # None: not published then
+                out.append(r)
+        return out
 
     def _run_responses(self, responses: List[Any], ready: float) -> None:
-        me = self._st.rank
         tl = timeline.current
         reductions: List[Work] = []
         others: List[Work] = []
@@ -534,7 +604,7 @@ class Engine:
             tl.instant("engine", "CYCLE_START", ready)
         for response in responses:
             ps = _ps._registry.get(response.key[0])
-            if ps is None or me not in ps.ranks:
+            if ps is None or ps._comm is None:  # not a member
                 continue
             entry = self._pending.get(response.key)
             if entry is not None:
@@ -577,25 +647,23 @@ class Engine:
             if tl is not None:
                 tl.span(_row_name(work.process_set, work.request.name or ""),
                         "MPI_" + work.request.kind.upper(), start, time.perf_counter())
+        if others and others[-1].request.kind == "process_set":  # sorted last: sets changed
+            self._outside_word = self._outside_sets()
         self._in_flight = []
         if tl is not None:
             tl.flush()
 
     def _last_ranks(self, entry: Entry) -> List[int]:
-        """The members whose request for ``entry`` came in this round: what it waited for.
-        (Before ``entry`` is retired, while it still holds its cache position.)"""
-        rows = self._neg.last_rows
-        assert rows is not None
-        members = [r for r in _ps._registry[entry.key[0]].ranks
-                   if entry.key[0] != 0 or rows.joined[r] < 0]
-        if entry.position is not None:
-            prev = self._neg.prev_rows
-            if prev is None:
-                return members
-            return [r for r in members if not prev.bits[r] >> entry.position & 1]
-        lists = self._round_lists or ()
-        return [r for r in members
-                if r < len(lists) and any(a[0] == entry.key for a in lists[r])]
+        """The members whose request for ``entry`` came in this round: those that did not
+        have it in the last earlier round that gathered every rank's row (with a timeline
+        recording, a rank asks for them in each round in which it waits)."""
+        detail = self._neg.prev_detail if self._round_detail is not None else \
+            self._neg.last_detail
+        members = _ps._registry[entry.key[0]].ranks
+        if detail is None:
+            return list(members)
+        return [r for r in members if (entry.key[0] != 0 or detail.joined[r] < 0)
+                and not detail.has(r, entry.key)]
 
     def _tracer(self, tl: Any, works: List[Work]) -> Any:
         """The timeline's record of a round's all-reduce buckets (indices into ``works``)."""
@@ -634,6 +702,7 @@ class Engine:
                     handle._complete(None, exc)
 
     def _retire(self, entry: Entry) -> None:
+        self._progress_at = time.perf_counter()  # a request of this rank completes
         if entry.position is not None:
             self._clear_bit(entry)
         del self._pending[entry.key]
@@ -708,11 +777,7 @@ class Engine:
                 comm.Revoke()
             except (MPIException, NotImplementedError):  # not an MPI with ULFM
                 pass
-        if self._gather is not None:  # end the exchange in flight (the revoke fails it), so
-            try:                      # that MPI_Finalize has nothing left to wait for
-                self._gather.Wait()
-            except MPIException:
-                pass
+        self._control.end_in_flight()  # the revoke failed it
         failed = failed_ranks(self._ctrl, _FAILED_RANKS_WAIT)
         named = f"ranks {failed}" if failed else "some ranks"
         error = RanksFailedError(

@@ -1,15 +1,15 @@
 """The stall inspector: say which ranks a collective is waiting for, and optionally end the job.
 
 A collective that some ranks never submit (an extra step on one rank, a skipped batch, a rank
-stuck in its input pipeline) would leave the others waiting forever. The engine knows, after
-every round, which members have each pending request (their cache bits, or their
-announcements). Once a second or so (never on the latency path) it looks at this rank's own
-pending requests:
+stuck in its input pipeline) would leave the others waiting forever. Once a second or so
+(never on the latency path) the engine looks at this rank's own pending requests; when one has
+waited past the first of the times below, it asks for every rank's row in the next round
+(which says who has which request) and then:
 
 * waiting ``HVDLIKE_STALL_CHECK_TIME_SECONDS`` (default 60): log once, per request, which
   ranks have not submitted it;
 * waiting ``HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS`` (default 0 = never): flag it in this rank's
-  next row. Every rank sees the flag in the same round, gathers every rank's stalled
+  next round. Every rank sees the flag in the same round, gathers every rank's stalled
   requests, prints the same report and exits with status 1.
 
 A round that gets no answer at all from some rank (its process stopped, or its Python is
