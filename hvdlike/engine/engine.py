@@ -122,6 +122,8 @@ class Engine:
         self._productive = False
         self._stuck = False  # every rank had work pending in the last round, none ran
         self._last_round = 0.0
+        self._idle_rounds = 0  # rounds in which no rank had anything: ticks
+        self._idle_gap = float("inf")  # the least time from a round to an idle one after it
         self._in_flight: List[Work] = []  # the works of the round that is running
         self.direct_runs = 0  # requests run in a round of their own by Engine.call
         self._paused = False  # inside exclusive_mpi(): no round runs, nothing is submitted
@@ -480,12 +482,17 @@ class Engine:
 
     def _negotiate_and_run(self) -> None:
         fresh: List[Entry] = []
+        gap = time.monotonic() - self._last_round
         uncached = self._take_queue(time.perf_counter(), fresh)
         if self._pending or self._join_entry is not None:
             self._own_work = time.monotonic()
         mine = self._mine(uncached, fresh)
         self._neg.vector(mine)
-        self._conclude(self._neg.read(self._control.exchange()), mine, fresh)
+        summary = self._neg.read(self._control.exchange())
+        if not summary.some:
+            self._idle_rounds += 1
+            self._idle_gap = min(self._idle_gap, gap)
+        self._conclude(summary, mine, fresh)
 
     def _conclude(self, summary: Summary, mine: Mine, fresh: List[Entry]) -> None:
         """The rest of a round once the all-reduce is in, the same on every rank: the

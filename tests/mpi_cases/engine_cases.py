@@ -176,20 +176,26 @@ def without_response_cache(steps: int) -> Dict[str, Any]:
 
 def async_steps(steps: int, pause: float) -> Dict[str, Any]:
     """A training loop's pattern: every rank submits one async all-reduce a step, computes
-    (``pause``), waits for it, computes again. Returns the sums and the rounds the engine ran."""
+    (``pause``), waits for it, computes again. Returns the sums, the rounds the engine ran,
+    and the least time from a round to a round after it in which no rank had anything."""
     from hvdlike import runtime
 
     rank, size = hvd.rank(), hvd.size()
     engine = runtime.state().engine
-    hvd.allreduce(np.zeros(4), name="g")  # announced once: from here the name is cached
+    # announced once: from here the name is cached. A round that publishes is followed by a
+    # tick; a step like the loop's then ends in a round that ran all the work there was
+    hvd.allreduce(np.zeros(4), op=hvd.Sum, name="g")
+    hvd.allreduce_async(np.zeros(4), op=hvd.Sum, name="g").synchronize()
     before = engine._round_no
+    engine._idle_gap = float("inf")
     sums = []
     for i in range(steps):
         handle = hvd.allreduce_async(np.full(4, float(i * size + rank)), op=hvd.Sum, name="g")
         time.sleep(pause)
         sums.append(handle.synchronize().tolist())
         time.sleep(pause)
-    return dict(sums=sums, rounds=engine._round_no - before)
+    return dict(sums=sums, rounds=engine._round_no - before, idle_gap=engine._idle_gap,
+                cycle=engine._cycle)
 
 
 def set_with_an_idle_rank(steps: int, pause: float) -> Dict[str, Any]:
