@@ -81,7 +81,9 @@ def main() -> None:
             state.sizes.append(hvd.size())
             state.step += 1
             state.commit()
-            print(f"COMMITTED rank={hvd.rank()} step={state.step - 1}", flush=True)
+            # one write (the tests run Python unbuffered, and MPICH forwards each rank's
+            # writes as they come: a line's text and its newline could be split by another's)
+            print(f"COMMITTED rank={hvd.rank()} step={state.step - 1}\n", end="", flush=True)
 
     if mode == "plain":
         state.sync()
@@ -97,7 +99,8 @@ def main() -> None:
     else:
         hvd.elastic.run(train)(state)
     print("RESULT " + json.dumps({"rank": hvd.rank(), "size": hvd.size(), "w": state.w.tolist(),
-                                  "sizes": state.sizes, "resets": resets}), flush=True)
+                                  "sizes": state.sizes, "resets": resets}) + "\n", end="",
+          flush=True)
 
 
 if __name__ == "__main__":

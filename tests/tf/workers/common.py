@@ -27,6 +27,14 @@ FAILED = []
 ONLY = [c for c in os.environ.get("HVDLIKE_TEST_CHECKS", "").split(",") if c]
 
 
+def say(text):
+    """Print ``text`` and its newline in one write: the tests run Python unbuffered, and the
+    MPI launchers forward each rank's writes as they come, so a line's text and its newline,
+    written apart, could be split by another rank's line."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def check(name):
     """Decorator: run the check now, print ``CHECK name rank=r OK`` (and ``TIMING name rank=r
     seconds``) or the failure."""
@@ -36,13 +44,12 @@ def check(name):
         started = time.perf_counter()
         try:
             fn()
-            print(f"CHECK {name} rank={hvd.rank()} OK", flush=True)
+            say(f"CHECK {name} rank={hvd.rank()} OK")
             # what a check costs, to find the slow ones: grep '^TIMING' in a job's output
-            print(f"TIMING {name} rank={hvd.rank()} {time.perf_counter() - started:.2f} s",
-                  flush=True)
+            say(f"TIMING {name} rank={hvd.rank()} {time.perf_counter() - started:.2f} s")
         except Exception:  # report and continue with the next check
             FAILED.append(name)
-            print(f"CHECK {name} rank={hvd.rank()} FAIL\n{traceback.format_exc()}", flush=True)
+            say(f"CHECK {name} rank={hvd.rank()} FAIL\n{traceback.format_exc()}")
         return fn
     return deco
 
