@@ -7,7 +7,9 @@ namespace with its own TmpFS directory, as separate machines would have.
     with Cluster(hosts=2) as cluster, SlurmOnCluster(cluster, "/tmp/slurm") as slurm:
         slurm.run(["sbatch", ...])        # Slurm's commands, run on host 0
 
-Everything (config, munge key and socket, state, logs) lives in the given directory. One
+Everything (config, munge key, state, logs) lives in the given directory; what holds Unix
+sockets (munge's socket, slurmd's spool, the nodes' TmpFS) in a short-named directory of
+its own under /tmp, since a socket's path has at most 108 bytes. One
 munged in this machine's own namespace serves every host: its socket is a file, which the
 namespaces share. The node names are the hosts' names, with their addresses as NodeAddr, so
 no name service is needed.
@@ -15,6 +17,7 @@ no name service is needed.
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -43,16 +46,19 @@ class SlurmOnCluster:
         self._procs: List[subprocess.Popen] = []
         self.env = dict(os.environ, SLURM_CONF=self.conf,
                         PATH=os.environ.get("PATH", "") + os.pathsep + SBIN)
+        self.sockets = ""  # the short-named directory (made by start)
 
     def start(self) -> "SlurmOnCluster":
         why = missing_slurm()
         if why:
             raise ClusterError(f"cannot start Slurm on the test cluster: {why}")
         names = self.cluster.names
-        for sub in ("state", "log", "tmp", *(f"spool/{n}" for n in names),
-                    *(f"tmp-{n}" for n in names)):
+        for sub in ("state", "log"):
             os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
         os.chmod(self.dir, 0o700)
+        self.sockets = tempfile.mkdtemp(prefix="hvds-", dir="/tmp")
+        for sub in ("tmp", *(f"spool/{n}" for n in names), *(f"tmp-{n}" for n in names)):
+            os.makedirs(os.path.join(self.sockets, sub), exist_ok=True)
         key = os.path.join(self.dir, "munge.key")
         if not os.path.exists(key):
             with open(key, "wb") as f:
@@ -60,7 +66,8 @@ class SlurmOnCluster:
             os.chmod(key, 0o600)
         try:
             self._spawn(["munged", "--foreground", "--force", f"--key-file={key}",
-                         f"--socket={self.dir}/munge.sock", f"--pid-file={self.dir}/munged.pid",
+                         f"--socket={self.sockets}/munge.sock",
+                         f"--pid-file={self.dir}/munged.pid",
                          f"--seed-file={self.dir}/munged.seed",
                          f"--log-file={self.dir}/log/munged.log"])
             self._write_conf()
@@ -68,7 +75,7 @@ class SlurmOnCluster:
             for i, name in enumerate(names):
                 # a /tmp of its own (TmpFS): Slurm's PMIx plugin makes the same directory
                 # names there for a step on every node
-                tmp = os.path.join(self.dir, "tmp")
+                tmp = os.path.join(self.sockets, "tmp")
                 self._spawn(self.cluster.command_on(i, [
                     "unshare", "--mount", "--propagation", "private", "sh", "-c",
                     f"mount --bind {tmp}-{name} {tmp} && "
@@ -94,7 +101,7 @@ class SlurmOnCluster:
         c = self.cluster
         nodes = "\n".join(f"NodeName={n} NodeAddr={a} {hardware} State=UNKNOWN"
                           for n, a in zip(c.names, c.addresses))
-        d = self.dir
+        d, short = self.dir, self.sockets
         with open(self.conf, "w") as f:
             f.write(f"""ClusterName=hvdliketestcluster
 SlurmctldHost={c.names[0]}({c.addresses[0]})
@@ -104,10 +111,10 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={d}/munge.sock
+AuthInfo=socket={short}/munge.sock
 StateSaveLocation={d}/state
-TmpFS={d}/tmp
-SlurmdSpoolDir={d}/spool/%n
+TmpFS={short}/tmp
+SlurmdSpoolDir={short}/spool/%n
 SlurmctldPidFile={d}/slurmctld.pid
 SlurmdPidFile={d}/slurmd.%n.pid
 SlurmctldLogFile={d}/log/slurmctld.log
@@ -169,6 +176,9 @@ PartitionName=test Nodes={",".join(c.names)} Default=YES MaxTime=INFINITE State=
                 p.kill()
                 p.wait()
         self._procs = []
+        if self.sockets:
+            shutil.rmtree(self.sockets, ignore_errors=True)
+            self.sockets = ""
 
     def __enter__(self) -> "SlurmOnCluster":
         return self.start()
