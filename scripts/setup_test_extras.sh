@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! .venv-mpich/bin/python -c "import ml_dtypes" 2>/dev/null; then
-  { python3 -m venv .venv-mpich && .venv-mpich/bin/pip install -q mpich mpi4py numpy ml_dtypes \
+  { python3 -m venv .venv-mpich && .venv-mpich/bin/pip install -q mpich mpi4py numpy 'ml_dtypes<0.7' \
       >.venv-mpich/install.log 2>&1; } \
     || echo "setup_test_extras: MPICH install failed (see .venv-mpich/install.log)" >&2
 fi
