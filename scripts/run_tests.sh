@@ -7,4 +7,11 @@ bash scripts/setup_venv.sh
 bash scripts/setup_test_extras.sh
 export HVDLIKE_TEST_MPICH_PREFIX="$PWD/.venv-mpich"
 export TF_CPP_MIN_LOG_LEVEL=2
-exec .venv/bin/python -m pytest -q -rs -p no:cacheprovider tests "$@"
+# two pytest workers (pytest-xdist), each test file whole on one of them (its module fixtures,
+# such as the test cluster, set up once): most jobs wait on MPI, sleeps and timeouts more than
+# they compute, so two at a time fill the two cores
+start=$(date +%s)
+status=0
+.venv/bin/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile tests "$@" || status=$?
+echo "run_tests.sh: the suite took $(( $(date +%s) - start )) s (pytest exit status $status)"
+exit $status

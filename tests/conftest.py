@@ -14,3 +14,20 @@ os.environ.setdefault("OMPI_MCA_btl", "^ofi")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "mpi_cases"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# The files that take longest (scripts/suite_times.py), run first: scripts/run_tests.sh hands
+# whole files to two pytest workers in collection order, so a long file left to the end would
+# keep one worker busy after the other has finished.
+LONGEST_FIRST = ("tf/test_tf_scripts.py", "test_cluster.py", "tf/test_tf_training.py",
+                 "tf/test_tf_strategy.py", "tf/test_tf_ops.py", "tf/test_tf_parameter_server.py",
+                 "tf/test_tf_elastic.py", "test_shm.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    tests = Path(__file__).resolve().parent
+
+    def rank(item):
+        path = Path(str(item.fspath)).resolve().relative_to(tests).as_posix()
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the rest keep their order

@@ -127,7 +127,22 @@ def _run(cmd: List[str], full_env: Dict[str, str], timeout: float) -> Job:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         timed_out = True
-    return Job(proc.returncode, out, time.monotonic() - start, timed_out)
+    job = Job(proc.returncode, out, time.monotonic() - start, timed_out)
+    _log_job(cmd, job)
+    return job
+
+
+def _log_job(cmd: List[str], job: Job) -> None:
+    """With HVDLIKE_TEST_JOB_LOG set, append one JSON line per job: the test that started
+    it, its command, its seconds (scripts/suite_times.py sums them per test file)."""
+    path = os.environ.get("HVDLIKE_TEST_JOB_LOG")
+    if path:
+        import json
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": test, "cmd": [str(c) for c in cmd][-4:],
+                                "seconds": round(job.seconds, 3),
+                                "returncode": job.returncode}) + "\n")
 
 
 def mpich_prefix() -> str:
