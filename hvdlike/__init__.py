@@ -34,13 +34,13 @@ alltoall = _accepts_tf_values(_collectives.alltoall)
 reducescatter = _accepts_tf_values(_collectives.reducescatter)
 grouped_reducescatter = _accepts_tf_values(_collectives.grouped_reducescatter)
 from . import elastic
-from .errors import (CollectiveMismatchError, DeadlockError, HostsUpdatedInterrupt,
-                     NotInitializedError, RanksFailedError)
+from .base.errors import (CollectiveMismatchError, DeadlockError, HostsUpdatedInterrupt,
+                          NotInitializedError, RanksFailedError)
 from .handles import Handle, poll, synchronize
 from .process_sets import (ProcessSet, add_process_set, comm_process_set_id,
                            get_process_set_ids_and_ranks, global_process_set,
                            remove_process_set)
-from .reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from .base.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .timeline import start_timeline, stop_timeline
 from .runtime import (
     cross_rank,

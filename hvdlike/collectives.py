@@ -17,11 +17,12 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import adasum, checks, dtypes, gpu, process_sets, runtime
+from . import adasum, checks, gpu, process_sets, runtime
+from .base import dtypes
 from .checks import Request
 from .handles import Handle
 from .process_sets import ProcessSet, global_process_set
-from .reduce_ops import ReduceOp, as_reduce_op
+from .base.reduce_ops import ReduceOp, as_reduce_op
 
 
 # ----------------------------------------------------------------------------- helpers

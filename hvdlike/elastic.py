@@ -35,8 +35,8 @@ import tempfile
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from . import collectives, runtime
-from .errors import HostsUpdatedInterrupt, RanksFailedError  # noqa: F401 - Horovod's names
-from .log import logger
+from .base.errors import HostsUpdatedInterrupt, RanksFailedError  # noqa: F401 - Horovod's names
+from .base.log import logger
 
 _STATE_FILE = "elastic_state.pkl"
 

@@ -2,7 +2,7 @@
 import threading
 from typing import Any, Callable, List, Optional
 
-from .log import logger
+from .base.log import logger
 
 _SLEEPERS = threading.Lock()  # orders completing a handle against a thread going to sleep on it
 

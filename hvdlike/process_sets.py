@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import runtime
 from .checks import Request, raised_on_every_rank
-from .errors import CollectiveMismatchError
+from .base.errors import CollectiveMismatchError
 
 
 def _is_mpi_comm(obj: Any) -> bool:

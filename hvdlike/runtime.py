@@ -17,9 +17,10 @@ from typing import Any, List, Optional, Sequence
 
 from . import process_sets as _ps
 from .abort_notice import AbortNotice
-from .errors import NotInitializedError
-from . import log, session_dirs, timeline
-from .settings import Settings, with_horovod_names
+from .base.errors import NotInitializedError
+from .base import log
+from . import session_dirs, timeline
+from .base.settings import Settings, with_horovod_names
 
 
 _QUIET_ABORT_DELAY = 3.0  # seconds

@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdlike as hvd
-from hvdlike.reduce_ops import ReduceOp
+from hvdlike.base.reduce_ops import ReduceOp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_allreduce import human, parse_sizes  # noqa: E402

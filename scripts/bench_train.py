@@ -84,7 +84,7 @@ def worker(args):
     import hvdlike as core
     import hvdlike.keras as hvd
     import hvdlike.tensorflow as hvd_tf
-    from hvdlike.settings import Settings
+    from hvdlike.base.settings import Settings
     from hvdlike.tensorflow.compat import keras as _keras
     keras = _keras()
     hvd.init()

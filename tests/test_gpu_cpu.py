@@ -6,8 +6,9 @@ import importlib.util
 import numpy as np
 import pytest
 
-from hvdlike import dtypes, gpu
-from hvdlike.settings import Settings
+from hvdlike.base import dtypes
+from hvdlike import gpu
+from hvdlike.base.settings import Settings
 from hvdlike.transport import nccl
 from mpi_harness import run_mpi
 

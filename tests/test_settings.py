@@ -1,7 +1,7 @@
 """Configuration is read once from HVDLIKE_* variables; bad values name the variable."""
 import pytest
 
-from hvdlike.settings import Settings
+from hvdlike.base.settings import Settings
 
 
 def test_defaults():
@@ -85,7 +85,7 @@ def test_horovod_names_set_what_hvdlike_names_leave_unset():
 
 
 def test_the_hvdlike_name_wins_and_disagreement_and_ignored_settings_are_reported():
-    from hvdlike.settings import with_horovod_names
+    from hvdlike.base.settings import with_horovod_names
 
     env = {"HVDLIKE_CYCLE_TIME": "2", "HOROVOD_CYCLE_TIME": "5",
            "HOROVOD_GPU_OPERATIONS": "NCCL"}
@@ -101,7 +101,7 @@ def test_the_hvdlike_name_wins_and_disagreement_and_ignored_settings_are_reporte
 def test_variables_that_are_no_setting_are_reported_once_with_what_to_do():
     """A typo in an HVDLIKE_ name, a setting that is gone, and Horovod variables that have no
     effect here are said; build-time Horovod variables and names hvdlike reads are not."""
-    from hvdlike.settings import with_horovod_names
+    from hvdlike.base.settings import with_horovod_names
 
     env = {"HVDLIKE_FUSION_TRESHOLD": "1024", "HOROVOD_AUTOTUNE": "1",
            "HOROVOD_AUTOTUNE_LOG": "/tmp/autotune.csv", "HOROVOD_CONTROLLER": "gloo",
@@ -135,7 +135,7 @@ def test_every_hvdlike_variable_the_code_reads_is_known():
     code and scripts, and every row of the settings table."""
     import re
     from pathlib import Path
-    from hvdlike import settings
+    from hvdlike.base import settings
 
     root = Path(__file__).resolve().parent.parent
     files = [*root.joinpath("hvdlike").rglob("*.py"), *root.joinpath("scripts").rglob("*.sh"),

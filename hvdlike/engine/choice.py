@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Set, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from .. import log
+from ..base import log
 
 TRIALS = 5
 

@@ -42,7 +42,7 @@ from mpi4py.MPI import Exception as MPIException
 from .. import process_sets as _ps
 from .. import timeline
 from ..checks import LocalError, Request, raised_on_every_rank
-from ..errors import DeadlockError, RanksFailedError
+from ..base.errors import DeadlockError, RanksFailedError
 from ..handles import Handle
 from . import execute, execute_gpu
 from .control import Control
@@ -797,7 +797,7 @@ class Engine:
         self.stopped = True
         from .. import runtime
         runtime.finalize_with_deadline_at_exit()  # also where the script catches the error
-        from ..log import logger
+        from ..base.log import logger
         logger.debug(f"engine: failed ({exc}); revoked every communicator; failed ranks "
                      f"known here: {failed}")
         for entry in self._take_all():

@@ -22,10 +22,11 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 import numpy as np
 
-from .. import adasum, dtypes, fusion
+from .. import adasum, fusion
+from ..base import dtypes
 from ..buffers import ResultCache
 from ..checks import Request
-from ..reduce_ops import ReduceOp
+from ..base.reduce_ops import ReduceOp
 from .choice import AlgorithmChoice
 
 InPlacePass = Callable[[np.ndarray], None]

@@ -18,9 +18,10 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 import numpy as np
 
-from .. import dtypes, fusion, gpu, log
+from ..base import dtypes, log
+from .. import fusion, gpu
 from ..checks import Request
-from ..reduce_ops import ReduceOp
+from ..base.reduce_ops import ReduceOp
 from ..transport import nccl as nccl_transport
 from ..transport import staged as staging
 from . import execute

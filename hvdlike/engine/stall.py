@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import timeline
-from ..log import logger
+from ..base.log import logger
 
 _MAX_LISTED = 10
 _UNNAMED = ("requests named 'noname.<k>' were submitted without a name: they pair up by the "

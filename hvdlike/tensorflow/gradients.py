@@ -15,9 +15,9 @@ import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import process_sets as _process_sets, runtime as _runtime
-from hvdlike.log import logger as _logger
+from hvdlike.base.log import logger as _logger
 from hvdlike import Adasum, Average, Sum
-from hvdlike.reduce_ops import as_reduce_op
+from hvdlike.base.reduce_ops import as_reduce_op
 
 from hvdlike.tensorflow import ops as _ops
 from hvdlike.tensorflow.compression import Compression, check_compression

@@ -29,7 +29,7 @@ from hvdlike import runtime as _runtime
 from hvdlike import timeline as _timeline
 from hvdlike import Average, Sum, Min, Max, Product, ReduceOp, global_process_set  # noqa: F401
 from hvdlike.collectives import require_name
-from hvdlike.reduce_ops import as_reduce_op
+from hvdlike.base.reduce_ops import as_reduce_op
 from hvdlike import ProcessSet
 
 from hvdlike.tensorflow import compat, devices, wait_kernel

@@ -27,7 +27,7 @@ import os
 import socket
 
 import hvdlike as _core
-from hvdlike import log
+from hvdlike.base import log
 from hvdlike.runner import bind_shim
 
 ROLES = ("chief", "worker", "evaluator", "ps")

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import native
-from hvdlike.log import logger
+from hvdlike.base.log import logger
 
 SOURCE = Path(__file__).with_name("wait_kernel.cc")
 _UNKNOWN = 2  # TensorFlow's status code for errors without a code of their own

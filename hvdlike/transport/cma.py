@@ -39,7 +39,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ..reduce_ops import ReduceOp
+from ..base.reduce_ops import ReduceOp
 from .shm import _PIECE, _UFUNCS, _Segments
 
 _IOV_MAX = 1024  # iovecs one call may take (Linux's UIO_MAXIOV)

@@ -15,7 +15,7 @@ from . import open_mpi_defaults
 open_mpi_defaults.apply(os.environ)  # before MPI_Init reads them
 from mpi4py import MPI  # noqa: E402
 
-from ..reduce_ops import ReduceOp
+from ..base.reduce_ops import ReduceOp
 
 _MPI_OPS = {
     ReduceOp.AVERAGE: MPI.SUM,

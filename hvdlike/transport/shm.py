@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 from mpi4py import MPI
 
-from ..reduce_ops import ReduceOp
+from ..base.reduce_ops import ReduceOp
 
 _UFUNCS: Dict[ReduceOp, Callable[..., Any]] = {
     ReduceOp.AVERAGE: np.add,

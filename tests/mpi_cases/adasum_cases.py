@@ -7,7 +7,7 @@ import numpy as np
 
 import hvdlike as hvd
 from hvdlike import adasum
-from hvdlike.dtypes import BFLOAT16
+from hvdlike.base.dtypes import BFLOAT16
 
 CASES = ["float32", "float64", "float16", "bfloat16", "parallel", "orthogonal", "zeros_on_odd",
          "scaled", "async", "grouped", "one_element", "long", "at_whole", "past_whole",

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, NamedTuple, Optional
 import numpy as np
 
 import hvdlike as hvd
-from hvdlike.dtypes import SUPPORTED
+from hvdlike.base.dtypes import SUPPORTED
 
 OPS = ["Average", "Sum", "Min", "Max", "Product"]
 REDUCING = ("allreduce", "allreduce_async", "reducescatter", "reducescatter_async")

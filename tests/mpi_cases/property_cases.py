@@ -14,7 +14,7 @@ from hypothesis.extra.numpy import array_shapes
 
 import hvdlike as hvd
 import reference
-from hvdlike.dtypes import SUPPORTED
+from hvdlike.base.dtypes import SUPPORTED
 
 SETTINGS = settings(max_examples=40, derandomize=True, database=None, deadline=None)
 DTYPES = st.sampled_from([str(d) for d in SUPPORTED])

@@ -14,7 +14,7 @@ from common import check, close, hvd, np, tf  # noqa: F401
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the NumPy references
 import reference  # noqa: E402
 import hvdlike  # noqa: E402
-from hvdlike.dtypes import SUPPORTED  # noqa: E402
+from hvdlike.base.dtypes import SUPPORTED  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 from hypothesis.extra.numpy import array_shapes  # noqa: E402
 
