@@ -17,9 +17,10 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import adasum, checks, gpu, process_sets, runtime
+from .engine import adasum, checks
+from . import gpu, process_sets, runtime
 from .base import dtypes
-from .checks import Request
+from .engine.checks import Request
 from .handles import Handle
 from .process_sets import ProcessSet, global_process_set
 from .base.reduce_ops import ReduceOp, as_reduce_op
@@ -174,7 +175,7 @@ def allreduce(x: Any, op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
     postscale_factor. Average divides the sum by the set size (integers: truncated toward zero,
     dtype kept). float16/bfloat16 are reduced in float32. bool: Sum/Max = or, Min/Product = and.
     Adasum (floats, host arrays, a set of 2^k ranks) combines the ranks' arrays pairwise as
-    Horovod's adaptive summation does (``hvdlike.adasum``).
+    Horovod's adaptive summation does (``hvdlike.engine.adasum``).
     """
     return _allreduce([x], op, prescale_factor, postscale_factor, name, process_set, False,
                       True)

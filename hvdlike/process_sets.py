@@ -8,7 +8,7 @@ import sys
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import runtime
-from .checks import Request, raised_on_every_rank
+from .engine.checks import Request, raised_on_every_rank
 from .base.errors import CollectiveMismatchError
 
 

@@ -19,7 +19,8 @@ from . import process_sets as _ps
 from .abort_notice import AbortNotice
 from .base.errors import NotInitializedError
 from .base import log
-from . import session_dirs, timeline
+from . import session_dirs
+from .engine import timeline
 from .base.settings import Settings, with_horovod_names
 
 

@@ -61,7 +61,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from hvdlike.checks import Request  # noqa: E402
+from hvdlike.engine.checks import Request  # noqa: E402
 from hvdlike.engine import negotiation  # noqa: E402
 from hvdlike.engine.negotiation import Mine, Negotiation  # noqa: E402
 from simulated_world import SimNet, World, run_classes  # noqa: E402

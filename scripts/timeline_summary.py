@@ -12,7 +12,7 @@ one trace, one process per rank, for chrome://tracing or ui.perfetto.dev).
 ``waited_for_rank_s``: how long this rank's requests waited (``WAIT_FOR_RANKS``) for each
 rank that was the last to submit them: the stragglers.
 
-Overlap of a ``STEP`` (one optimizer update; see hvdlike/timeline.py): backprop has produced
+Overlap of a ``STEP`` (one optimizer update; see hvdlike/engine/timeline.py): backprop has produced
 its last gradient when the step's last request is submitted; communication is the union of
 the step's transport phases (``SHM_*``, ``CMA_*``, ``HIERARCHICAL_*``, ``MPI_*``); hidden = the part of it before that last
 submit, exposed = the rest.
@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from hvdlike.timeline import rank_file
+from hvdlike.engine.timeline import rank_file
 
 Span = Tuple[float, float]
 

@@ -6,7 +6,7 @@ import pytest
 
 import reference
 from adasum_cases import CASES, FACTORS, inputs
-from hvdlike import adasum
+from hvdlike.engine import adasum
 from mpi_harness import run_mpi
 
 

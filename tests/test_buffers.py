@@ -1,7 +1,7 @@
 """The result cache reuses an array only once nothing else refers to it (in-process)."""
 import numpy as np
 
-from hvdlike.buffers import ResultCache
+from hvdlike.engine.buffers import ResultCache
 
 F32 = np.dtype(np.float32)
 

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
-from hvdlike import fusion
+from hvdlike.engine import fusion
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 

@@ -8,8 +8,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import pytest
 
-from hvdlike import checks
-from hvdlike.checks import Request
+from hvdlike.engine import checks
+from hvdlike.engine.checks import Request
 from hvdlike.engine import deadlock
 from hvdlike.engine.negotiation import Mine, Negotiation, Round
 

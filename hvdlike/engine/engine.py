@@ -40,8 +40,8 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 from mpi4py.MPI import Exception as MPIException
 
 from .. import process_sets as _ps
-from .. import timeline
-from ..checks import LocalError, Request, raised_on_every_rank
+from . import timeline
+from .checks import LocalError, Request, raised_on_every_rank
 from ..base.errors import DeadlockError, RanksFailedError
 from ..handles import Handle
 from . import execute, execute_gpu

@@ -10,7 +10,7 @@ nodes, the same size of bucket goes hierarchically (shared memory inside each no
 them) with HVDLIKE_HIERARCHICAL_ALLREDUCE=1, or where it measured faster with ``auto``
 (``choice.py``). Otherwise a bucket goes through ``MPI_Allreduce`` (one tensor: from its memory
 into the result; several: packed into a reused fusion buffer); a set of one rank copies each
-tensor into its result. An Adasum bucket is packed and combined by ``hvdlike.adasum`` over MPI
+tensor into its result. An Adasum bucket is packed and combined by ``hvdlike.engine.adasum`` over MPI
 point to point. The other collectives run one response at a time.
 """
 import functools
@@ -22,10 +22,10 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 import numpy as np
 
-from .. import adasum, fusion
+from . import adasum, fusion
 from ..base import dtypes
-from ..buffers import ResultCache
-from ..checks import Request
+from .buffers import ResultCache
+from .checks import Request
 from ..base.reduce_ops import ReduceOp
 from .choice import AlgorithmChoice
 
@@ -337,7 +337,7 @@ def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
                    phases: Phases, empty: Empty) -> List[np.ndarray]:
     """Adasum of float arrays of one dtype: packed (prescaled) into one reused flat buffer in
     the reduction dtype, combined tensor by tensor over the set's ranks through MPI point to
-    point (``hvdlike.adasum``), postscaled, unpacked into new arrays."""
+    point (``hvdlike.engine.adasum``), postscaled, unpacked into new arrays."""
     clock = _Clock(phases)
     dtype = arrays[0].dtype
     work = dtypes.reduce_dtype(dtype)

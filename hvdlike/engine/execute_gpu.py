@@ -19,8 +19,9 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import numpy as np
 
 from ..base import dtypes, log
-from .. import fusion, gpu
-from ..checks import Request
+from . import fusion
+from .. import gpu
+from .checks import Request
 from ..base.reduce_ops import ReduceOp
 from ..transport import nccl as nccl_transport
 from ..transport import staged as staging

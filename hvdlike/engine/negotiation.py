@@ -45,7 +45,7 @@ from typing import (Callable, Collection, Dict, List, NamedTuple, Optional, Prot
 
 import numpy as np
 
-from ..checks import LocalError, Request, joinable, resolve_or_error
+from .checks import LocalError, Request, joinable, resolve_or_error
 from . import deadlock
 
 Key = Tuple[int, str]  # (process set id, name)

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from .. import timeline
+from . import timeline
 from ..base.log import logger
 
 _MAX_LISTED = 10

@@ -26,7 +26,7 @@ import tensorflow as tf
 import hvdlike as _core
 from hvdlike import process_sets as _process_sets
 from hvdlike import runtime as _runtime
-from hvdlike import timeline as _timeline
+from hvdlike.engine import timeline as _timeline
 from hvdlike import Average, Sum, Min, Max, Product, ReduceOp, global_process_set  # noqa: F401
 from hvdlike.collectives import require_name
 from hvdlike.base.reduce_ops import as_reduce_op
@@ -135,7 +135,7 @@ def _outputs(wait):
 
 def _same_quiet(error, original):
     """``error``, marked to be printed only where ``original`` would be (see
-    ``hvdlike.checks.raised_on_every_rank``)."""
+    ``hvdlike.engine.checks.raised_on_every_rank``)."""
     error.hvdlike_quiet = getattr(original, "hvdlike_quiet", False)
     return error
 

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 import hvdlike as hvd
-from hvdlike import adasum
+from hvdlike.engine import adasum
 from hvdlike.base.dtypes import BFLOAT16
 
 CASES = ["float32", "float64", "float16", "bfloat16", "parallel", "orthogonal", "zeros_on_odd",
@@ -110,7 +110,7 @@ def refused(members: Optional[List[int]] = None) -> Dict[str, str]:
 
 
 def messages() -> Dict[str, Any]:
-    """``hvdlike.adasum.allreduce`` on the world with a sendrecv that counts its messages:
+    """``hvdlike.engine.adasum.allreduce`` on the world with a sendrecv that counts its messages:
     for a buffer of ``WHOLE_BYTES`` (whole vectors) and one element more (halving); returns
     {size: (messages, result)}."""
     from mpi4py import MPI

@@ -9,7 +9,7 @@ import numpy as np
 
 import hvdlike as hvd
 from hvdlike.testing.cluster import bytes_sent
-from hvdlike.timeline import rank_file
+from hvdlike.engine.timeline import rank_file
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()

@@ -109,7 +109,7 @@ def request_reaching_the_engine_after_its_sets_removal() -> Dict[str, Any]:
     its set reaches the engine afterwards (submitted to the engine directly here, as that
     race would): it fails, and the job goes on."""
     from hvdlike import runtime
-    from hvdlike.checks import Request
+    from hvdlike.engine.checks import Request
 
     ps = hvd.add_process_set([0])
     hvd.remove_process_set(ps)

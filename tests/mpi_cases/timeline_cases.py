@@ -6,7 +6,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 import hvdlike as hvd
-from hvdlike.timeline import rank_file
+from hvdlike.engine.timeline import rank_file
 
 
 def read_own(path: str) -> List[Dict[str, Any]]:

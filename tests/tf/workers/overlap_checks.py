@@ -15,7 +15,7 @@ import time
 from common import check, close, hvd, np, tf
 
 import keras
-from hvdlike.timeline import rank_file
+from hvdlike.engine.timeline import rank_file
 
 # TensorFlow runs a graph's ready ops on its inter-op threads; with one, the slow op would
 # hold it and nothing else could run meanwhile (training jobs have one per core)

@@ -8,8 +8,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .base.errors import CollectiveMismatchError
-from .base.reduce_ops import ReduceOp
+from ..base.errors import CollectiveMismatchError
+from ..base.reduce_ops import ReduceOp
 
 
 class Request(NamedTuple):

@@ -8,7 +8,7 @@ from typing import Callable, Dict, Hashable, List, Sequence
 
 import numpy as np
 
-from .base.dtypes import HALF
+from ..base.dtypes import HALF
 
 
 def plan_buckets(keys: Sequence[Hashable], nbytes: Sequence[int], threshold: int) -> List[List[int]]:

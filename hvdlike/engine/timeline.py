@@ -126,7 +126,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     closed first. ``mark_cycles`` adds a ``CYCLE_START`` mark for every engine round that ran
     something."""
     global current
-    from . import runtime
+    from .. import runtime
     rank = runtime.state("hvdlike.start_timeline").rank
     if not isinstance(file_path, (str, os.PathLike)) or not str(file_path):
         raise ValueError(f"hvdlike.start_timeline: file_path must be a non-empty path, "
