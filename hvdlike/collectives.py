@@ -1,6 +1,6 @@
 """Collectives on NumPy arrays (any buffer-protocol array in, new NumPy arrays out) and on
 GPU arrays (CuPy arrays or any CUDA ``__dlpack__`` object, such as a PyTorch CUDA tensor: new
-arrays of the same kind out, on the GPU; see ``hvdlike.gpu`` and docs/gpu.md).
+arrays of the same kind out, on the GPU; see ``hvdlike.transport.gpu`` and docs/gpu.md).
 
 Each collective validates its input on this rank, describes it as a ``Request`` (name,
 dtype, shape, op, root, factors) and hands it to the engine, which matches requests across
@@ -18,7 +18,8 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .engine import adasum, checks
-from . import gpu, process_sets, runtime
+from .transport import gpu
+from . import process_sets, runtime
 from .base import dtypes
 from .engine.checks import Request
 from .handles import Handle

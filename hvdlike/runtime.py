@@ -553,14 +553,14 @@ def mpi_built() -> bool:
 
 def nccl_built() -> bool:
     """True when CuPy and its NCCL library load, so GPU arrays can travel through NCCL."""
-    from . import gpu
+    from .transport import gpu
 
     return gpu.nccl_available()
 
 
 def cuda_built() -> bool:
     """True when CuPy loads and sees a GPU (GPU arrays can be passed to collectives)."""
-    from . import gpu
+    from .transport import gpu
 
     return gpu.cuda_available()
 

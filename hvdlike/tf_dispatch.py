@@ -11,7 +11,8 @@ import inspect
 import sys
 from typing import Any, Callable, Optional, TypeVar
 
-from . import gpu, runtime
+from .transport import gpu
+from . import runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hvdlike.base import dtypes
-from hvdlike import gpu
+from hvdlike.transport import gpu
 from hvdlike.base.settings import Settings
 from hvdlike.transport import nccl
 from mpi_harness import run_mpi

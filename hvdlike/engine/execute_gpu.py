@@ -9,7 +9,7 @@ cannot serve the set, naming why and what to install).
 
 NCCL work runs on the engine's stream for the device after that stream has waited for the
 event recorded on the caller's stream at submission; each result carries an event recorded
-after it (see ``hvdlike.gpu``). All-reduces that became ready together are fused by bytes
+after it (see ``hvdlike.transport.gpu``). All-reduces that became ready together are fused by bytes
 into a device fusion buffer that is kept from step to step; one tensor alone is reduced from
 its memory straight into its result.
 """
@@ -20,7 +20,7 @@ import numpy as np
 
 from ..base import dtypes, log
 from . import fusion
-from .. import gpu
+from ..transport import gpu
 from .checks import Request
 from ..base.reduce_ops import ReduceOp
 from ..transport import nccl as nccl_transport

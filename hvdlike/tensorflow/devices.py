@@ -11,7 +11,7 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
-from hvdlike import gpu
+from hvdlike.transport import gpu
 
 
 def is_gpu_device(name: str) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import gpu
+from . import gpu
 
 
 def to_host(value: Any, stream: Any) -> Any:
