@@ -17,15 +17,14 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .engine import adasum, checks
-from .transport import gpu
 from . import process_sets, runtime
 from .base import dtypes
+from .base.reduce_ops import ReduceOp, as_reduce_op
+from .engine import adasum, checks
 from .engine.checks import Request
 from .handles import Handle
 from .process_sets import ProcessSet, global_process_set
-from .base.reduce_ops import ReduceOp, as_reduce_op
-
+from .transport import gpu
 
 # ----------------------------------------------------------------------------- helpers
 

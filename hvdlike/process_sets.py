@@ -8,8 +8,8 @@ import sys
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import runtime
-from .engine.checks import Request, raised_on_every_rank
 from .base.errors import CollectiveMismatchError
+from .engine.checks import Request, raised_on_every_rank
 
 
 def _is_mpi_comm(obj: Any) -> bool:

@@ -16,13 +16,12 @@ from types import ModuleType
 from typing import Any, List, Optional, Sequence
 
 from . import process_sets as _ps
-from .abort_notice import AbortNotice
-from .base.errors import NotInitializedError
-from .base import log
 from . import session_dirs
-from .engine import timeline
+from .abort_notice import AbortNotice
+from .base import log
+from .base.errors import NotInitializedError
 from .base.settings import Settings, with_horovod_names
-
+from .engine import timeline
 
 _QUIET_ABORT_DELAY = 3.0  # seconds
 
@@ -43,7 +42,7 @@ class _State:
     cross_size: int
     homogeneous: bool
     node_of_rank: List[int]  # per world rank: the world rank of its node's local rank 0
-    engine: Any = None  # hvdlike.engine.Engine: all collective communication goes through it
+    engine: Any = None  # hvdlike.engine.engine.Engine: all collective communication goes through it
     previous_excepthook: Optional[Any] = None
     abort_notice: Optional[AbortNotice] = None  # under ULFM (abort_notice.py)
 
@@ -127,7 +126,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
         node_of_rank=node_of_rank,
     )
     _ps.global_process_set._bind(0, list(range(size)), world)
-    from .engine import Engine
+    from .engine.engine import Engine
     _state.engine = Engine(_state)
     if settings.timeline:
         timeline.start_timeline(settings.timeline, settings.timeline_mark_cycles)

@@ -11,8 +11,8 @@ import inspect
 import sys
 from typing import Any, Callable, Optional, TypeVar
 
-from .transport import gpu
 from . import runtime
+from .transport import gpu
 
 F = TypeVar("F", bound=Callable[..., Any])
 

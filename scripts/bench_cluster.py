@@ -142,7 +142,7 @@ def worker(sizes: List[int], out: str) -> None:
             raise SystemExit(f"rank {rank}: wrong all-reduce result at {n} bytes")
     warm_up = 1
     if os.environ.get("HVDLIKE_HIERARCHICAL_ALLREDUCE") == "auto":
-        from hvdlike.engine.choice import TRIALS
+        from hvdlike.transport.choice import TRIALS
         warm_up = 2 * TRIALS + 1  # auto's trials of both algorithms, then its choice is timed
     mine = series(lambda n: hvd.allreduce(buffers(n)[0], op=hvd.Sum, name=f"bench.{n}"),
                   warm_up, hvd.barrier,

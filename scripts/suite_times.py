@@ -47,7 +47,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     files = per_file(args.xml)
     jobs = jobs_per_file(args.jobs) if args.jobs else {}
     total = sum(r["seconds"] for r in files.values())
-    print(f"| file | seconds | share | tests (skipped) |" + (" MPI jobs | job seconds |"
+    print("| file | seconds | share | tests (skipped) |" + (" MPI jobs | job seconds |"
                                                              if jobs else ""))
     print("|---|---|---|---|" + ("---|---|" if jobs else ""))
     ranked = sorted(files.items(), key=lambda kv: -kv[1]["seconds"])

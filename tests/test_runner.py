@@ -616,7 +616,7 @@ def test_launcher_mpirun_inside_salloc_forces_mpirun(slurm, openmpi):
     done = run_launcher("-np", "2", "--launcher", "mpirun", "--verbose", sys.executable, "-c",
                         RANK_SCRIPT, env=slurm, prefix=["salloc", "-n", "2"])
     assert done.returncode == 0, done.stderr
-    (line,) = [l for l in done.stderr.splitlines() if l.startswith("hvdlikerun: ")]
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("hvdlikerun: ")]
     assert f"{openmpi} -np 2" in line and "srun" not in line
     assert ranks_printed(done.stdout) == [(0, 2), (1, 2)]
 

@@ -82,7 +82,7 @@ def test_the_core_imports_neither_tensorflow_nor_the_frontends():
 def test_shutdown_then_init_again_works_and_releases_process_sets():
     for r in run_mpi(2, "runtime_cases:reinit", timeout=60):
         assert r == dict(first=[2.0, 2.0], initialized_after_shutdown=False, set_id_after=None,
-                         again=[2.0, 2.0])
+                         again=[2.0, 2.0], cached_mib=2, cached_after_shutdown=0)
 
 
 def test_an_init_that_fails_half_way_leaves_no_half_initialized_runtime():

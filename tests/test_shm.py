@@ -218,7 +218,7 @@ def test_a_peer_process_gone_in_a_single_copy_all_reduce_is_a_dead_rank_on_every
 
 
 def test_the_engine_takes_a_peer_process_gone_for_a_dead_rank():
-    from hvdlike.engine.failures import is_process_failure
+    from hvdlike.transport.failures import is_process_failure
     gone = cma.PeerGone(errno.ESRCH, "a rank's process is gone")
     assert is_process_failure(gone, comm=None)
     assert not is_process_failure(cma.CopyFailed(errno.EPERM, "refused"), comm=None)

@@ -33,7 +33,6 @@ import difflib
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-
 # Horovod's names for the settings hvdlike has, so that a Horovod job script keeps its tuning.
 # The HVDLIKE_ name wins where both are set.
 HOROVOD_NAMES = {

@@ -1,5 +1,3 @@
 """The engine: requests from any thread, matched across ranks by name, negotiated in rounds,
-fused and run on a transport (see ``engine.engine``)."""
-from .engine import Engine
-
-__all__ = ["Engine"]
+fused and run on a transport (``engine.engine``). Importing the package imports none of its
+modules (``runtime`` imports ``engine.engine`` when MPI is up)."""

@@ -37,20 +37,17 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
-from mpi4py.MPI import Exception as MPIException
-
 from .. import process_sets as _ps
-from . import timeline
-from .checks import LocalError, Request, raised_on_every_rank
 from ..base.errors import DeadlockError, RanksFailedError
 from ..handles import Handle
-from . import execute, execute_gpu
-from .control import Control
+from ..transport.control import Control
+from ..transport.failures import failed_ranks, is_process_failure, revoke
+from . import execute, execute_gpu, timeline
+from .checks import LocalError, Request, raised_on_every_rank
 from .deadlock import JOIN_KEY, Found
-from .stall import StallInspector
 from .execute import ALLREDUCES, RUNNERS, Work
-from .failures import failed_ranks, is_process_failure
 from .negotiation import Detail, Flag, Key, Mine, Negotiation, Summary
+from .stall import StallInspector
 
 _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
 _FAILED_RANKS_WAIT = 2.0  # seconds a failed engine waits to learn which ranks died
@@ -297,6 +294,7 @@ class Engine:
             self._cv.notify()
         self._thread.join()
         execute_gpu.reset()
+        execute.results.clear()  # the result arrays kept for reuse (up to 1 GiB)
         # revoked communicators (ranks died) have nothing to free together
         self._control.free(failed=self.failure is not None)
 
@@ -778,12 +776,8 @@ class Engine:
         same RanksFailedError, naming the dead ranks. The engine is over; see
         ``hvdlike.elastic`` for going on."""
         st = self._st
-        for comm in [self._ctrl, st.world, st.local_comm, st.cross_comm] + [
-                ps._comm for ps in _ps._registry.values() if ps._comm is not None]:
-            try:
-                comm.Revoke()
-            except (MPIException, NotImplementedError):  # not an MPI with ULFM
-                pass
+        revoke([self._ctrl, st.world, st.local_comm, st.cross_comm] + [
+            ps._comm for ps in _ps._registry.values() if ps._comm is not None])
         self._control.end_in_flight()  # the revoke failed it
         failed = failed_ranks(self._ctrl, _FAILED_RANKS_WAIT)
         named = f"ranks {failed}" if failed else "some ranks"

@@ -22,12 +22,12 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 import numpy as np
 
-from . import adasum, fusion
 from ..base import dtypes
+from ..base.reduce_ops import ReduceOp
+from ..transport.choice import AlgorithmChoice
+from . import adasum, fusion
 from .buffers import ResultCache
 from .checks import Request
-from ..base.reduce_ops import ReduceOp
-from .choice import AlgorithmChoice
 
 InPlacePass = Callable[[np.ndarray], None]
 _pool = fusion.BufferPool()

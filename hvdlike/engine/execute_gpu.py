@@ -19,13 +19,12 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import numpy as np
 
 from ..base import dtypes, log
-from . import fusion
-from ..transport import gpu
-from .checks import Request
 from ..base.reduce_ops import ReduceOp
+from ..transport import gpu
 from ..transport import nccl as nccl_transport
 from ..transport import staged as staging
-from . import execute
+from . import execute, fusion
+from .checks import Request
 from .execute import Phases, Work, scatter_rows
 
 STAGED = "staged"

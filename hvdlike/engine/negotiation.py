@@ -40,13 +40,23 @@ engine passes MPI's (``control``), ``scripts/bench_control_plane.py`` an in-proc
 """
 import enum
 import struct
-from typing import (Callable, Collection, Dict, List, NamedTuple, Optional, Protocol, Sequence,
-                    Set, Tuple)
+from typing import (
+    Callable,
+    Collection,
+    Dict,
+    List,
+    NamedTuple,
+    Optional,
+    Protocol,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 import numpy as np
 
-from .checks import LocalError, Request, joinable, resolve_or_error
 from . import deadlock
+from .checks import LocalError, Request, joinable, resolve_or_error
 
 Key = Tuple[int, str]  # (process set id, name)
 SLOTS = 256  # requests in negotiation at once (seen for the first time, not yet everywhere)

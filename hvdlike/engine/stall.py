@@ -22,8 +22,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from . import timeline
 from ..base.log import logger
+from . import timeline
 
 _MAX_LISTED = 10
 _UNNAMED = ("requests named 'noname.<k>' were submitted without a name: they pair up by the "

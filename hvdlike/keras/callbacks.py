@@ -1,5 +1,9 @@
 """``hvdlike.keras.callbacks`` is ``hvdlike.tensorflow.keras.callbacks``."""
 from hvdlike.tensorflow.keras.callbacks import (  # noqa: F401
-    BroadcastGlobalVariablesCallback, MetricAverageCallback, LearningRateScheduleCallback,
-    LearningRateWarmupCallback, ModelCheckpoint, BestModelCheckpoint,
+    BestModelCheckpoint,
+    BroadcastGlobalVariablesCallback,
+    LearningRateScheduleCallback,
+    LearningRateWarmupCallback,
+    MetricAverageCallback,
+    ModelCheckpoint,
 )

@@ -11,6 +11,7 @@ already-batched dataset instead distributes whole batches (global batch still
 ``b * size()``, but different element-to-step assignment).
 """
 from typing import Any, Optional
+
 import tensorflow as tf
 
 import hvdlike as _core

@@ -1,10 +1,10 @@
 """Broadcasting and gathering TensorFlow state and Python objects."""
 from typing import Any, Callable, List, Optional, Sequence
+
 import numpy as np
 import tensorflow as tf
 
 import hvdlike as _core
-
 from hvdlike.tensorflow import ops as _ops
 
 

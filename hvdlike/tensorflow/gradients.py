@@ -14,11 +14,11 @@ from typing import Any, Dict, List, Optional, Sequence
 import tensorflow as tf
 
 import hvdlike as _core
-from hvdlike import process_sets as _process_sets, runtime as _runtime
-from hvdlike.base.log import logger as _logger
 from hvdlike import Adasum, Average, Sum
+from hvdlike import process_sets as _process_sets
+from hvdlike import runtime as _runtime
+from hvdlike.base.log import logger as _logger
 from hvdlike.base.reduce_ops import as_reduce_op
-
 from hvdlike.tensorflow import ops as _ops
 from hvdlike.tensorflow.compression import Compression, check_compression
 

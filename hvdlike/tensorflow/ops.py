@@ -24,16 +24,14 @@ import numpy as np
 import tensorflow as tf
 
 import hvdlike as _core
+from hvdlike import Average, Max, Min, ProcessSet, Product, ReduceOp, Sum, global_process_set  # noqa: F401
 from hvdlike import process_sets as _process_sets
 from hvdlike import runtime as _runtime
-from hvdlike.engine import timeline as _timeline
-from hvdlike import Average, Sum, Min, Max, Product, ReduceOp, global_process_set  # noqa: F401
-from hvdlike.collectives import require_name
 from hvdlike.base.reduce_ops import as_reduce_op
-from hvdlike import ProcessSet
-
+from hvdlike.collectives import listed as _listed
+from hvdlike.collectives import packed_allreduce_async, require_name
+from hvdlike.engine import timeline as _timeline
 from hvdlike.tensorflow import compat, devices, wait_kernel
-from hvdlike.collectives import listed as _listed, packed_allreduce_async
 from hvdlike.tensorflow.compression import Compression, check_compression
 from hvdlike.tensorflow.packing import Packing
 

@@ -7,11 +7,11 @@ weight decay, loss scaling and EMA all see the averaged gradient.
 """
 import functools
 from typing import Any, Callable, Dict, Optional, Sequence
+
 import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import Average, Min
-
 from hvdlike.tensorflow import compat, ops, optimizer_v1
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import GradientReducer, backward_passes, variable_key

@@ -14,7 +14,6 @@ from typing import Any, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 import hvdlike as _core
-
 from hvdlike.tensorflow.functions import broadcast_variables
 from hvdlike.tensorflow.gradients import GradientReducer, backward_passes
 

@@ -41,7 +41,6 @@ from tensorflow.python.trackable import base as _trackable_base
 
 import hvdlike as _core
 from hvdlike import Sum, global_process_set
-
 from hvdlike.tensorflow import ops as _ops
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import allreduce_gradients

@@ -1,10 +1,10 @@
 """DistributedGradientTape: a tf.GradientTape whose gradient() averages across ranks."""
 from typing import Any
+
 import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import Average
-
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import GradientReducer, remember_tape_results

@@ -20,11 +20,11 @@ take no bind address; ``export_tf_config`` has the rank's server listen on the a
 publishes only, through the bind shim that ``hvdlikerun`` preloads
 (:mod:`hvdlike.runner.bind_shim`), and warns where a rank runs without it.
 """
-from typing import Any, Dict, Optional, Sequence
 import ipaddress
 import json
 import os
 import socket
+from typing import Any, Dict, Optional, Sequence
 
 import hvdlike as _core
 from hvdlike.base import log
@@ -217,6 +217,7 @@ def _serve_until_chief_done(config: Dict[str, Any], process_set: _core.ProcessSe
     import atexit
     import sys
     import time
+
     from hvdlike import runtime
     done = runtime.state("export_tf_config").world.Dup()  # the chief's "finished" barrier
     task = config["task"]

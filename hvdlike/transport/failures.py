@@ -4,7 +4,7 @@ from typing import Any, List
 
 from mpi4py.MPI import Exception as MPIException
 
-from ..transport.cma import PeerGone
+from .cma import PeerGone
 
 
 def is_process_failure(exc: BaseException, comm: Any) -> bool:
@@ -20,6 +20,16 @@ def is_process_failure(exc: BaseException, comm: Any) -> bool:
     codes = {getattr(MPI, n, None) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING",
                                              "ERR_REVOKED")} - {None}
     return exc.Get_error_class() in codes or comm_failed(comm)
+
+
+def revoke(comms: List[Any]) -> None:
+    """Revoke ``comms`` (ULFM), so that ranks blocked in any of them get out; nothing on an MPI
+    without ULFM."""
+    for comm in comms:
+        try:
+            comm.Revoke()
+        except (MPIException, NotImplementedError):
+            pass
 
 
 def comm_failed(comm: Any) -> bool:

@@ -10,12 +10,11 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from ..base.reduce_ops import ReduceOp
 from . import open_mpi_defaults
 
 open_mpi_defaults.apply(os.environ)  # before MPI_Init reads them
 from mpi4py import MPI  # noqa: E402
-
-from ..base.reduce_ops import ReduceOp
 
 _MPI_OPS = {
     ReduceOp.AVERAGE: MPI.SUM,

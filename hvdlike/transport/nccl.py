@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 
 from ..base import dtypes
-from .gpu import cupy, nccl_module
 from ..base.reduce_ops import ReduceOp
+from .gpu import cupy, nccl_module
 
 # NCCL's enums (nccl.h): stable since NCCL 2.0, bfloat16 since 2.10, avg since 2.10
 _TYPES = {

@@ -25,9 +25,9 @@ r all-reduces its reduced chunk r with ``across`` (MPI, over the network), so ea
 node's ranks then copy every chunk as in step 3. Every node must have the same number of
 ranks, so that chunk r has the same size on each of them.
 """
+import bisect
 import os
 import sys
-import bisect
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np

@@ -103,7 +103,8 @@ def auto_choice(sizes: List[int], after: int) -> Dict[str, Any]:
     """All-reduces of each size under HVDLIKE_HIERARCHICAL_ALLREDUCE=auto, as many as its
     warm-up and trials take plus ``after``: every result, and what the choice tried and kept
     per size class."""
-    from hvdlike.engine import choice as auto, execute
+    from hvdlike.transport import choice as auto
+    from hvdlike.engine import execute
     calls = 1 + 2 * auto.TRIALS + after
     sums = []
     for nbytes in sizes:
@@ -119,7 +120,8 @@ def cma_auto_choice(sizes: List[int], after: int, timeline: str) -> Dict[str, An
     """All-reduces of each size under HVDLIKE_CMA=auto, as many as the warm-up and trials
     take plus ``after``: every result, which reducer ran each call (from the timeline), and
     what the choice tried and kept per size class."""
-    from hvdlike.engine import choice as auto, execute
+    from hvdlike.transport import choice as auto
+    from hvdlike.engine import execute
     calls = 1 + 2 * auto.TRIALS + after
     sums = []
     hvd.start_timeline(timeline)
@@ -141,7 +143,8 @@ def cma_auto_window_growth(first: int, larger: int, keep_window: bool,
     decided, the decision then set to ``keep_window`` on every rank (as if measured so), then
     one all-reduce of ``larger`` bytes (the same class): the window's capacity before and after
     it, which reducer ran it (from the timeline), and its sum."""
-    from hvdlike.engine import choice as auto, execute
+    from hvdlike.transport import choice as auto
+    from hvdlike.engine import execute
     for i in range(1 + 2 * auto.TRIALS):
         hvd.allreduce(inputs(first, "float32", hvd.rank() + i), op=hvd.Sum, name=f"first.{i}")
     choice = execute._cma_choices[hvd.global_process_set._cma]

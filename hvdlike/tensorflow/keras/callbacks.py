@@ -8,7 +8,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Unio
 import numpy as np
 
 import hvdlike as _core
-
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.functions import broadcast_variables
 from hvdlike.tensorflow.gradients import variable_key

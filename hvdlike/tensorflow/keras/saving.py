@@ -1,5 +1,6 @@
 """Loading a saved Keras model with its optimizer re-wrapped for hvdlike."""
 from typing import Any, Dict, Optional, Sequence
+
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.optimizer import distributed_optimizer_classes

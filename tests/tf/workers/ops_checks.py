@@ -98,7 +98,8 @@ def _():
     ys2 = tf.function(lambda a, b: hvd.grouped_allreduce([a, b]))(xs[0], xs[1])
     assert_close(ys2[0], np.mean(ALL, axis=0))
     with tf.GradientTape() as tape:
-        tape.watch(xs[0]); tape.watch(xs[1])
+        tape.watch(xs[0])
+        tape.watch(xs[1])
         a, b = hvd.grouped_allreduce(xs[:2])
         loss = tf.reduce_sum(a) * (r + 1) + tf.cast(tf.reduce_sum(b), tf.float32)
     ga, gb = tape.gradient(loss, xs[:2])
