@@ -225,10 +225,5 @@ def alltoall_ints(comm: MPI.Comm, values: np.ndarray) -> np.ndarray:
     return out
 
 
-def max_ints(comm: MPI.Comm, values: np.ndarray, out: np.ndarray) -> None:
-    """Element-wise maximum of an int64 vector over all ranks, written to ``out``."""
-    comm.Allreduce(values, out, MPI.MAX)
-
-
 def barrier(comm: MPI.Comm) -> None:
     comm.Barrier()
