@@ -162,10 +162,17 @@ def new_first_step(size: int, requests: List[Request]) -> Tuple[float, int, int]
 
 # ----------------------------------------------------------------------------- old design
 
+# modules the old negotiation imports that have moved since, as seen from hvdlike.engine
+_MOVED = {"..checks": ".checks", "..errors": "..base.errors", "..reduce_ops": "..base.reduce_ops",
+          "..log": "..base.log"}
+
+
 def load_old(commit: str) -> Any:
     """The negotiation module as it was at ``commit`` (read from git)."""
     source = subprocess.check_output(
         ["git", "-C", str(REPO), "show", f"{commit}:hvdlike/engine/negotiation.py"], text=True)
+    for was, now in _MOVED.items():  # its imports, where those modules are now
+        source = source.replace(f"from {was} import", f"from {now} import")
     name = "hvdlike.engine._negotiation_at_" + commit
     spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
