@@ -8,7 +8,7 @@ MAX_LINES = 400
 # modules that hold several concerns today, each at most as long as it is now, until split
 # (docs/architecture.md, "Where the layers are not yet clean")
 TOO_LONG = {
-    "engine/engine.py": 826,
+    "engine/engine.py": 824,
     "tensorflow/ops.py": 773,
     "runtime.py": 600,
     "runner/launch.py": 572,

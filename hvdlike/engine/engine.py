@@ -119,8 +119,7 @@ class Engine:
         self._productive = False
         self._stuck = False  # every rank had work pending in the last round, none ran
         self._last_round = 0.0
-        self._idle_rounds = 0  # rounds in which no rank had anything: ticks
-        self._idle_gap = float("inf")  # the least time from a round to an idle one after it
+        self._idle_gap = float("inf")  # the least time from a round to one with no work in it
         self._in_flight: List[Work] = []  # the works of the round that is running
         self.direct_runs = 0  # requests run in a round of their own by Engine.call
         self._paused = False  # inside exclusive_mpi(): no round runs, nothing is submitted
@@ -487,8 +486,7 @@ class Engine:
         mine = self._mine(uncached, fresh)
         self._neg.vector(mine)
         summary = self._neg.read(self._control.exchange())
-        if not summary.some:
-            self._idle_rounds += 1
+        if not summary.some:  # no rank had anything: a tick
             self._idle_gap = min(self._idle_gap, gap)
         self._conclude(summary, mine, fresh)
 
