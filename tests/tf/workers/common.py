@@ -27,6 +27,10 @@ FAILED = []
 ONLY = [c for c in os.environ.get("HVDLIKE_TEST_CHECKS", "").split(",") if c]
 
 
+# every print() of a worker: its text and newline leave in one write (see say)
+sys.stdout.reconfigure(write_through=False, line_buffering=True)
+
+
 def say(text):
     """Print ``text`` and its newline in one write: the tests run Python unbuffered, and the
     MPI launchers forward each rank's writes as they come, so a line's text and its newline,
