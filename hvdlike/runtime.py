@@ -42,7 +42,7 @@ class _State:
     cross_size: int
     homogeneous: bool
     node_of_rank: List[int]  # per world rank: the world rank of its node's local rank 0
-    engine: Any = None  # hvdlike.engine.engine.Engine: all collective communication goes through it
+    engine: Any = None  # engine.engine.Engine: all collective communication goes through it
     previous_excepthook: Optional[Any] = None
     abort_notice: Optional[AbortNotice] = None  # under ULFM (abort_notice.py)
 

@@ -4,7 +4,8 @@ import enum
 
 class ReduceOp(enum.IntEnum):
     """How values from all ranks are combined. ``Average`` is a sum divided by the set size;
-    ``Adasum`` is Horovod's adaptive summation of floating-point gradients (hvdlike.engine.adasum)."""
+    ``Adasum`` is Horovod's adaptive summation of floating-point gradients
+    (hvdlike.engine.adasum)."""
 
     AVERAGE = 0
     SUM = 1

@@ -8,10 +8,10 @@ on one node and it has at least ``HVDLIKE_SHM_THRESHOLD`` bytes (from ``HVDLIKE_
 bytes single-copy, through cross-memory attach, where the kernel allows); for the world on several
 nodes, the same size of bucket goes hierarchically (shared memory inside each node, MPI across
 them) with HVDLIKE_HIERARCHICAL_ALLREDUCE=1, or where it measured faster with ``auto``
-(``choice.py``). Otherwise a bucket goes through ``MPI_Allreduce`` (one tensor: from its memory
+(``transport/choice.py``). Otherwise a bucket goes through ``MPI_Allreduce`` (one tensor: from its memory
 into the result; several: packed into a reused fusion buffer); a set of one rank copies each
-tensor into its result. An Adasum bucket is packed and combined by ``hvdlike.engine.adasum`` over MPI
-point to point. The other collectives run one response at a time.
+tensor into its result. An Adasum bucket is packed and combined by ``engine.adasum`` over
+MPI point to point. The other collectives run one response at a time.
 """
 import functools
 import math
