@@ -72,7 +72,7 @@ def _engine(process_set: ProcessSet, kind: str) -> Any:
     st = runtime._state
     if not isinstance(process_set, ProcessSet):
         process_sets.require_process_set(process_set, f"hvdlike.{kind}()")
-    if st is None or process_set._comm is None:
+    if st is None or process_set.group is None:
         st = process_sets.require_member(process_set, f"hvdlike.{kind}()",
                                          "only its member ranks may call collectives on it")
     return st.engine

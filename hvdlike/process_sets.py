@@ -5,11 +5,14 @@ Registering or removing a set is collective over the whole world: every rank cal
 engine, in its order of requests, like any other collective.
 """
 import sys
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import runtime
 from .base.errors import CollectiveMismatchError
 from .engine.checks import Request, raised_on_every_rank
+
+if TYPE_CHECKING:
+    from .transport.group import Group
 
 
 def _is_mpi_comm(obj: Any) -> bool:
@@ -38,26 +41,21 @@ class ProcessSet:
         if len(set(self.ranks)) != len(self.ranks):
             raise ValueError(f"process set ranks {self.ranks} contain duplicates")
         self.process_set_id: Optional[int] = None
-        self._comm: Any = None  # the set's MPI communicator on members, None elsewhere
-        self._rank = -1
-        self._shm: Any = None  # on-node shared-memory all-reduce (members on one node only)
-        self._cma: Any = None  # on-node single-copy all-reduce, where the kernel allows it
+        # on members: the set's communicator and on-node transports; None elsewhere
+        self.group: Optional["Group"] = None
 
     def _bind(self, process_set_id: int, ranks: List[int], comm: Any) -> None:
-        self.process_set_id, self.ranks, self._comm = process_set_id, ranks, comm
-        self._rank = comm.Get_rank() if comm is not None else -1
-        self._shm = runtime.shared_memory_reducer(ranks, comm) if comm is not None else None
-        self._cma = runtime.single_copy_reducer(ranks, comm) if comm is not None else None
+        self.process_set_id, self.ranks = process_set_id, ranks
+        self.group = runtime.group_of(ranks, comm) if comm is not None else None
         _registry[process_set_id] = self
 
-    def _unbind(self) -> None:
+    def _unbind(self, release: bool = True) -> None:
+        """Forget the set; ``release``: free its transports too (collective), and its
+        communicator unless it is the world's."""
         _registry.pop(self.process_set_id, None)
-        if self._shm is not None:
-            self._shm.free()
-        if self._comm is not None and self.process_set_id != 0:
-            self._comm.Free()
-        self.process_set_id, self._comm, self._rank, self._shm = None, None, -1, None
-        self._cma = None
+        if self.group is not None and release:
+            self.group.free(comm=self.process_set_id != 0)
+        self.process_set_id, self.group = None, None
 
     def size(self) -> int:
         """Number of ranks in the set."""
@@ -65,11 +63,11 @@ class ProcessSet:
 
     def rank(self) -> int:
         """This process's rank within the set, or -1 when it is not a member."""
-        return self._rank
+        return -1 if self.group is None else self.group.rank
 
     def included(self) -> bool:
         """True when this process is a member of the set."""
-        return self._comm is not None
+        return self.group is not None
 
     def __repr__(self) -> str:  # Horovod's form
         return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
@@ -112,7 +110,7 @@ def require_member(process_set: ProcessSet, what: str, why: str) -> "runtime._St
     ``init``, ValueError naming ``what`` for a set that is not registered or that this rank is
     not in (``why`` says what follows from that)."""
     st = runtime.state(what)
-    if process_set._comm is None:
+    if process_set.group is None:
         require_registered(process_set, what)
         raise ValueError(f"{what}: rank {st.rank} is not a member of {process_set}; {why}")
     return st
@@ -316,7 +314,5 @@ def _drop_all() -> None:
     """Forget every set without freeing its MPI objects (their world lost ranks: freeing is
     collective and cannot complete)."""
     for ps in list(_registry.values()):
-        _registry.pop(ps.process_set_id, None)
-        ps.process_set_id, ps._comm, ps._rank, ps._shm = None, None, -1, None
-        ps._cma = None
+        ps._unbind(release=False)
     _free_ids.clear()

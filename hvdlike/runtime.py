@@ -212,32 +212,17 @@ def _on_node_layout(ranks: Sequence[int]) -> Optional[str]:
     return None
 
 
-def shared_memory_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
-    """The shared-memory all-reduce for a set of world ``ranks`` (with communicator ``comm``
-    on this member): on one node, over ``comm``; hierarchical over this node's ranks, then
-    across nodes; or None (see ``_on_node_layout``)."""
+def group_of(ranks: Sequence[int], comm: Any) -> Any:
+    """The transports of a set of world ``ranks`` with communicator ``comm`` on this member
+    (``transport.group.Group``): the on-node ones over ``comm`` when the set is on one node,
+    over this node's ranks and then across nodes when it is hierarchical, none otherwise (see
+    ``_on_node_layout``). Collective over the set."""
     st = state()
+    from .transport.group import Group
     layout = _on_node_layout(ranks)
-    if layout is None:
-        return None
-    from .transport.shm import SharedMemoryAllreduce
-    if layout == "node":
-        return SharedMemoryAllreduce(comm, st.settings.shm_buffer)
-    return SharedMemoryAllreduce(st.local_comm, st.settings.shm_buffer, across=st.cross_comm)
-
-
-def single_copy_reducer(ranks: Sequence[int], comm: Any) -> Optional[Any]:
-    """The single-copy all-reduce (cross-memory attach) for the same sets and layouts as
-    ``shared_memory_reducer``, where every member may attach to its node's other members'
-    memory; otherwise None (also with HVDLIKE_CMA=0). Collective over the set."""
-    st = state()
-    layout = _on_node_layout(ranks) if st.settings.cma != "0" else None
-    if layout is None:
-        return None
-    from .transport.cma import CrossMemoryAllreduce
-    if layout == "node":
-        return CrossMemoryAllreduce.create(comm)
-    return CrossMemoryAllreduce.create(st.local_comm, across=st.cross_comm)
+    node = None if layout is None else (comm, None) if layout == "node" else (
+        st.local_comm, st.cross_comm)
+    return Group(comm, st.settings, node)
 
 
 def _comm_of_ranks(MPI: Any, ranks: List[Any]) -> Any:

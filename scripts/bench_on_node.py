@@ -50,7 +50,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def calls(comm: MPI.Comm, x: np.ndarray, out: np.ndarray) -> Dict[str, Callable[[], None]]:
     ps = hvd.global_process_set
-    window, single = ps._shm, ps._cma
+    window, single = ps.group.reducers.get("shm"), ps.group.reducers.get("cma")
     if window is None or single is None or window.across is not None:
         raise SystemExit("bench_on_node: needs 2+ ranks on one node, the shared-memory window "
                          "and cross-memory attach (HVDLIKE_CMA=1, HVDLIKE_SHM_BUFFER > 0)")

@@ -254,3 +254,16 @@ def test_windows_are_freed_and_made_again_across_shutdown_and_init():
     results = run_mpi(4, "shm_cases:windows_survive_shutdown_and_init", timeout=120)
     for rank, r in enumerate(results):
         assert r == dict(first=4.0, second=4.0, third=2.0 if rank < 2 else None)
+
+
+def test_a_transport_registered_in_on_node_takes_the_buckets_from_its_threshold(tmp_path):
+    sizes = [4096, 512 * 1024, 2 * MIB]  # MPI, the window, the registered one
+    results = run_mpi(2, "shm_cases:registered_transport", timeout=120, sizes=sizes,
+                      timeline=str(tmp_path / "timeline.json"), env=WINDOW)
+    for rank, r in enumerate(results):
+        for nbytes, got in zip(sizes, r["sums"]):
+            want = sum(inputs(nbytes, "float32", q) for q in range(2))
+            np.testing.assert_array_equal(got, want, err_msg=f"{nbytes} rank {rank}")
+        assert r["registered"] == ["reduce_bcast", "shm"], r
+        assert r["ran"] == ["MPI_ALLREDUCE", "SHM_ALLREDUCE", "REDUCE_BCAST_ALLREDUCE"], r
+        assert r["freed"] == [1], r  # shut down once after it was built

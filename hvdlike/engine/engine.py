@@ -437,7 +437,7 @@ class Engine:
         ``_outside_word``, made again when sets change)."""
         word = 0
         for set_id, ps in _ps._registry.items():
-            if ps._comm is None:
+            if ps.group is None:
                 word |= 1 << min(set_id, 63)
         return word
 
@@ -607,7 +607,7 @@ class Engine:
             tl.instant("engine", "CYCLE_START", ready)
         for response in responses:
             ps = _ps._registry.get(response.key[0])
-            if ps is None or ps._comm is None:  # not a member
+            if ps is None or ps.group is None:  # not a member
                 continue
             entry = self._pending.get(response.key)
             if entry is not None:
@@ -775,7 +775,7 @@ class Engine:
         ``hvdlike.elastic`` for going on."""
         st = self._st
         revoke([self._ctrl, st.world, st.local_comm, st.cross_comm] + [
-            ps._comm for ps in _ps._registry.values() if ps._comm is not None])
+            ps.group.comm for ps in _ps._registry.values() if ps.group is not None])
         self._control.end_in_flight()  # the revoke failed it
         failed = failed_ranks(self._ctrl, _FAILED_RANKS_WAIT)
         named = f"ranks {failed}" if failed else "some ranks"

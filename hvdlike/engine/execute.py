@@ -5,11 +5,12 @@ All-reduces that became ready together are fused by bytes (``HVDLIKE_FUSION_THRE
 float32 but rounded to their own dtype before the postscale. A bucket goes through the on-node
 shared-memory transport straight from the tensors' memory into the results when its set lives
 on one node and it has at least ``HVDLIKE_SHM_THRESHOLD`` bytes (from ``HVDLIKE_CMA_THRESHOLD``
-bytes single-copy, through cross-memory attach, where the kernel allows); for the world on several
-nodes, the same size of bucket goes hierarchically (shared memory inside each node, MPI across
-them) with HVDLIKE_HIERARCHICAL_ALLREDUCE=1, or where it measured faster with ``auto``
-(``transport/choice.py``). Otherwise a bucket goes through ``MPI_Allreduce`` (one tensor: from its memory
-into the result; several: packed into a reused fusion buffer); a set of one rank copies each
+bytes single-copy, through cross-memory attach, where the kernel allows); for the world on
+several nodes, the same size of bucket goes hierarchically (shared memory inside each node, MPI
+across them) with HVDLIKE_HIERARCHICAL_ALLREDUCE=1, or where it measured faster with ``auto``.
+The set's ``Group`` (``transport/group.py``) makes that choice. Otherwise a bucket goes through
+``MPI_Allreduce`` (one tensor: from its memory into the result; several: packed into a reused
+fusion buffer); a set of one rank copies each
 tensor into its result. An Adasum bucket is packed and combined by ``engine.adasum`` over
 MPI point to point. The other collectives run one response at a time.
 """
@@ -17,26 +18,20 @@ import functools
 import math
 import pickle
 import time
-import weakref
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..base import dtypes
 from ..base.reduce_ops import ReduceOp
-from ..transport.choice import AlgorithmChoice
+from ..transport.interface import HostAllreduce, InPlacePass
 from . import adasum, fusion
 from .buffers import ResultCache
 from .checks import Request
 
-InPlacePass = Callable[[np.ndarray], None]
 _pool = fusion.BufferPool()
 results = ResultCache()
 ALLREDUCES = ("allreduce", "grouped_allreduce")
-# per reducer: flat or hierarchical (HVDLIKE_HIERARCHICAL_ALLREDUCE=auto); per single-copy
-# reducer: single copy or the window (HVDLIKE_CMA=auto)
-_choices: "weakref.WeakKeyDictionary[Any, AlgorithmChoice]" = weakref.WeakKeyDictionary()
-_cma_choices: "weakref.WeakKeyDictionary[Any, AlgorithmChoice]" = weakref.WeakKeyDictionary()
 
 
 class Work(NamedTuple):
@@ -208,10 +203,11 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         return _adasum_bucket(st, request, ps, arrays, phases, empty)
     dtype = arrays[0].dtype
     work, wire, as_is, scale = _plan(dtype, request.op, request.scale, ps.size())
+    group = ps.group
     if (as_is and len(arrays) == 1 and phases is None and dtype.kind != "b"
-            and (ps._shm is None or arrays[0].nbytes < st.settings.shm_threshold)):
+            and arrays[0].nbytes < group.mpi_below):
         out = empty(arrays[0].shape, dtype)  # the latency path: one tensor through MPI
-        st.transport.allreduce(ps._comm, arrays[0], out, wire)
+        st.transport.allreduce(group.comm, arrays[0], out, wire)
         if scale is not None:
             scale(out)
         return [out]
@@ -230,11 +226,11 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         clock.done("PRESCALE_OR_CAST")
     elements = sum(a.size for a in arrays)
     total = elements * work.itemsize
-    shm, trial = _on_node_reducer(st, ps, total)
+    reducer, trial = group.select(total)
     packed: Optional[np.ndarray] = None  # the small tensors' results, already one array
     if not as_is:
         recvs = sends
-    elif shm is not None and len(arrays) > 1:
+    elif reducer is not None and len(arrays) > 1:
         # views of one result array: large, so on huge pages, which the peers' writes into
         # it (single copy) pin far faster than 4 KiB ones (ResNet-50's gradient set at np=2:
         # 26 -> 20 ms); the small tensors first, so that their packed results need no
@@ -261,13 +257,12 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
             if scale is not None:
                 scale(recv)
         clock.done("SINGLE_RANK_COPY")
-    elif shm is not None:
-        _shm_allreduce(shm, sends, recvs, wire, scale, work, packed)
-        clock.done("HIERARCHICAL_ALLREDUCE" if shm.across is not None else
-                   "CMA_ALLREDUCE" if shm is ps._cma else "SHM_ALLREDUCE")
+    elif reducer is not None:
+        _on_node_allreduce(reducer, sends, recvs, wire, scale, work, packed)
+        clock.done(reducer.activity)
     elif len(recvs) == 1:
-        st.transport.allreduce(ps._comm, None if sends[0] is recvs[0] else sends[0], recvs[0],
-                               wire)
+        st.transport.allreduce(group.comm, None if sends[0] is recvs[0] else sends[0],
+                               recvs[0], wire)
         if scale is not None:
             scale(recvs[0])
         clock.done("MPI_ALLREDUCE")
@@ -277,7 +272,7 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
         buf = base[:size]
         fusion.pack(sends, buf)
         clock.done("MEMCPY_IN_FUSION_BUFFER")
-        st.transport.allreduce(ps._comm, None, buf, wire)
+        st.transport.allreduce(group.comm, None, buf, wire)
         if scale is not None:
             scale(buf)
         clock.done("MPI_ALLREDUCE")
@@ -296,43 +291,6 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
     return out
 
 
-def _on_node_reducer(st: Any, ps: Any,
-                     nbytes: int) -> Tuple[Any, Optional[Tuple[AlgorithmChoice, bool]]]:
-    """What reduces a bucket of ``nbytes`` inside the node (the same on every rank): the
-    single-copy reducer from HVDLIKE_CMA_THRESHOLD bytes, the shared-memory window (or
-    hierarchical) from HVDLIKE_SHM_THRESHOLD; None: MPI. Where an ``auto`` setting chooses
-    (HVDLIKE_CMA on one node: single copy or the window; HVDLIKE_HIERARCHICAL_ALLREDUCE:
-    flat MPI or hierarchical), also the choice and whether this bucket runs its second
-    algorithm, to be told the bucket's time."""
-    if ps._shm is None or nbytes < st.settings.shm_threshold:
-        return None, None
-    if ps._cma is not None and nbytes >= st.settings.cma_threshold:
-        if st.settings.cma != "auto" or ps._shm.across is not None:
-            return ps._cma, None
-        choice = _choice(_cma_choices, ps._cma, ps._comm, ("single copy", "window"))
-        if not choice.second(nbytes):  # the window grows only for the buckets it runs
-            return ps._cma, (choice, False)
-        if ps._shm.reserve(nbytes):
-            return ps._shm, (choice, True)
-        return ps._cma, None  # the window cannot grow to this size: single copy, untimed
-    if not ps._shm.reserve(nbytes):
-        return None, None
-    if ps._shm.across is None or st.settings.hierarchical_allreduce != "auto":
-        return ps._shm, None
-    choice = _choice(_choices, ps._shm, ps._comm, ("flat", "hierarchical"))
-    hierarchical = choice.second(nbytes)
-    return (ps._shm if hierarchical else None), (choice, hierarchical)
-
-
-def _choice(table: "weakref.WeakKeyDictionary[Any, AlgorithmChoice]", reducer: Any, comm: Any,
-            names: Tuple[str, str]) -> AlgorithmChoice:
-    """The ``auto`` choice kept for ``reducer`` in ``table``, made on first use."""
-    choice = table.get(reducer)
-    if choice is None:
-        choice = table[reducer] = AlgorithmChoice(comm, names)
-    return choice
-
-
 def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
                    phases: Phases, empty: Empty) -> List[np.ndarray]:
     """Adasum of float arrays of one dtype: packed (prescaled) into one reused flat buffer in
@@ -349,7 +307,7 @@ def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
     buf = base[:offset]
     fusion.pack(arrays, buf, request.scale[0])
     clock.done("MEMCPY_IN_FUSION_BUFFER")
-    adasum.allreduce(ps._comm, st.transport.sendrecv, buf, scratch[:offset], segments)
+    adasum.allreduce(ps.group.comm, st.transport.sendrecv, buf, scratch[:offset], segments)
     scale = _scaler(ReduceOp.ADASUM, request.scale[1], ps.size(), _half(dtype, work))
     if scale is not None:
         scale(buf)
@@ -365,17 +323,17 @@ SMALL_BYTES = 64 * 1024  # bytes: tensors below this travel together in one pack
 _ALIGN = 64  # bytes: TensorFlow takes NumPy results on such a boundary without copying them
 
 
-def _shm_allreduce(shm: Any, sends: List[np.ndarray], recvs: List[np.ndarray], op: ReduceOp,
-                   scale: Optional[InPlacePass], work: np.dtype,
-                   packed: Optional[np.ndarray] = None) -> None:
-    """The shared-memory all-reduce of a bucket, straight from the tensors' memory; the small
+def _on_node_allreduce(reducer: HostAllreduce, sends: List[np.ndarray],
+                       recvs: List[np.ndarray], op: ReduceOp, scale: Optional[InPlacePass],
+                       work: np.dtype, packed: Optional[np.ndarray] = None) -> None:
+    """The on-node all-reduce of a bucket, straight from the tensors' memory; the small
     tensors (biases, norms: most of a model's tensors, little of its bytes) are packed into
     one array first, which saves the per-tensor cost of each of the transport's passes.
     ``packed``: where the small tensors' results lie one after another, in order (their
     ``recvs`` are views of it), so that they need no unpacking; None: they do."""
     small = [i for i, r in enumerate(recvs) if r.nbytes < SMALL_BYTES]
     if len(small) < 2:
-        shm.allreduce_many(sends, recvs, op, scale)
+        reducer.allreduce_many(sends, recvs, op, scale)
         return
     size = sum(recvs[i].size for i in small)
     send_base = _pool.acquire(work, size)
@@ -385,7 +343,7 @@ def _shm_allreduce(shm: Any, sends: List[np.ndarray], recvs: List[np.ndarray], o
     np.concatenate([sends[i].reshape(-1) for i in small], out=packed_send)
     first, rest = small[0], set(small[1:])  # the packed array takes the first one's place
     keep = [i for i in range(len(recvs)) if i not in rest]
-    shm.allreduce_many([packed_send if i == first else sends[i] for i in keep],
+    reducer.allreduce_many([packed_send if i == first else sends[i] for i in keep],
                        [packed_recv if i == first else recvs[i] for i in keep], op, scale)
     _pool.release(send_base)
     if recv_base is None:
@@ -418,7 +376,7 @@ def _allgatherv(st: Any, ps: Any) -> Callable[..., None]:
     """How a blocking all-gather of ``ps`` moves its bytes (send, recv, counts): node by node
     for the world on several nodes numbered node after node (HVDLIKE_HIERARCHICAL_ALLGATHER),
     else one MPI call over the set."""
-    comm, t = ps._comm, st.transport
+    comm, t = ps.group.comm, st.transport
     if ps.process_set_id == 0 and st.settings.hierarchical_allgather != "0" and st.nodes_in_blocks:
         return functools.partial(t.allgatherv_by_node, comm, st.local_comm, st.cross_comm)
     return functools.partial(t.allgatherv, comm)
@@ -426,8 +384,8 @@ def _allgatherv(st: Any, ps: Any) -> Callable[..., None]:
 
 def allgather(st: Any, work: Work) -> Any:
     arrays: List[np.ndarray] = work.inputs
-    comm, t = work.process_set._comm, st.transport
-    rows = t.allgather_ints(comm, np.array([a.shape[0] for a in arrays], np.int64))
+    group, t = work.process_set.group, st.transport
+    rows = t.allgather_ints(group.comm, np.array([a.shape[0] for a in arrays], np.int64))
     allgatherv = _allgatherv(st, work.process_set)
     if len(arrays) == 1:
         a = arrays[0]
@@ -436,7 +394,7 @@ def allgather(st: Any, work: Work) -> Any:
         return out if work.request.kind == "allgather" else [out]
     seg_bytes = rows * np.array([_row_bytes(a) for a in arrays], np.int64)  # [rank, tensor]
     u8 = np.dtype(np.uint8)
-    send_size, recv_size = int(seg_bytes[comm.Get_rank()].sum()), int(seg_bytes.sum())
+    send_size, recv_size = int(seg_bytes[group.rank].sum()), int(seg_bytes.sum())
     send_base, recv_base = _pool.acquire(u8, send_size), _pool.acquire(u8, recv_size)
     send, recv = send_base[:send_size], recv_base[:recv_size]
     if arrays:
@@ -462,15 +420,15 @@ def broadcast(st: Any, work: Work) -> np.ndarray:
     ps = work.process_set
     root = ps.ranks.index(int(work.request.root))
     out = results.empty(a.shape, a.dtype)
-    if root == ps._comm.Get_rank():
+    if root == ps.group.rank:
         np.copyto(out, a)
-    st.transport.bcast(ps._comm, st.transport.as_bytes(out), root)
+    st.transport.bcast(ps.group.comm, st.transport.as_bytes(out), root)
     return out
 
 
 def alltoall(st: Any, work: Work) -> Tuple[np.ndarray, np.ndarray]:
     a, send_splits = work.inputs
-    comm, t = work.process_set._comm, st.transport
+    comm, t = work.process_set.group.comm, st.transport
     recv_splits = t.alltoall_ints(comm, send_splits)
     out = results.empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
     row = _row_bytes(a)
@@ -486,10 +444,10 @@ def scatter_rows(d0: int, n: int) -> np.ndarray:
 def reducescatter(st: Any, work: Work) -> Any:
     arrays: List[np.ndarray] = work.inputs
     request, ps = work.request, work.process_set
-    comm = ps._comm
+    comm = ps.group.comm
     op = ReduceOp(request.op)
     prescale, postscale = request.scale
-    n, me = comm.Get_size(), comm.Get_rank()
+    n, me = ps.group.size, ps.group.rank
     wdtypes = [dtypes.reduce_dtype(a.dtype) for a in arrays]
     out: List[Any] = [None] * len(arrays)
     sizes = [a.size * w.itemsize for a, w in zip(arrays, wdtypes)]
@@ -524,18 +482,20 @@ def reducescatter(st: Any, work: Work) -> Any:
 
 
 def barrier(st: Any, work: Work) -> None:
-    st.transport.barrier(work.process_set._comm)
+    st.transport.barrier(work.process_set.group.comm)
 
 
 def broadcast_object(st: Any, work: Work) -> Any:
     """``work.inputs``: the root's pickled object (None elsewhere); every rank unpickles."""
     ps = work.process_set
-    return pickle.loads(ps._comm.bcast(work.inputs, root=ps.ranks.index(int(work.request.root))))
+    root = ps.ranks.index(int(work.request.root))
+    return pickle.loads(st.transport.bcast_object(ps.group.comm, work.inputs, root))
 
 
 def allgather_object(st: Any, work: Work) -> List[Any]:
     """``work.inputs``: this rank's pickled object."""
-    return [pickle.loads(b) for b in work.process_set._comm.allgather(work.inputs)]
+    return [pickle.loads(b)
+            for b in st.transport.allgather_object(work.process_set.group.comm, work.inputs)]
 
 
 def call(st: Any, work: Work) -> Any:

@@ -61,7 +61,7 @@ def _choose(st: Any, ps: Any, device_id: int) -> Any:
     except ImportError as exc:
         missing = str(exc)
     identity = nccl_transport.device_identity(gpu.cupy(), device_id)
-    every = ps._comm.allgather((missing, identity))
+    every = st.transport.allgather_object(ps.group.comm, (missing, identity))
     if setting == STAGED:
         return STAGED
     reasons = []
@@ -71,14 +71,14 @@ def _choose(st: Any, ps: Any, device_id: int) -> Any:
     for _, ranks in nccl_transport.shares_gpu([i for _, i in every]):
         reasons.append(f"ranks {ranks} of the set share one GPU, which NCCL refuses")
     if not reasons:
-        return nccl_transport.Communicator(ps._comm, device_id)
+        return nccl_transport.Communicator(ps.group.comm, device_id)
     why = "; ".join(reasons)
     if setting == "nccl":
         raise RuntimeError(f"HVDLIKE_GPU_TRANSPORT=nccl, but NCCL cannot serve {ps}: {why}. "
                            "Give each rank its own GPU (hvdlike.pin_gpu()), install "
                            f"{gpu.NCCL_PACKAGES}, or unset HVDLIKE_GPU_TRANSPORT to stage "
                            "through host memory")
-    if not _warned and ps._comm.Get_rank() == 0:
+    if not _warned and ps.group.rank == 0:
         _warned.append(True)
         log.logger.warning(f"GPU collectives on {ps} go through host memory: {why}. Set "
                            "HVDLIKE_GPU_TRANSPORT=staged to choose this path knowingly")
@@ -306,7 +306,7 @@ def _bytes(a: Any) -> Any:
 def _allgather(st: Any, work: Work, comm: Any, stream: Any) -> Any:
     cp = gpu.cupy()
     arrays = work.inputs.inputs
-    rows = st.transport.allgather_ints(work.process_set._comm,
+    rows = st.transport.allgather_ints(work.process_set.group.comm,
                                        np.array([a.shape[0] for a in arrays], np.int64))
     outs = []
     for i, a in enumerate(arrays):
@@ -341,7 +341,7 @@ def _broadcast(st: Any, work: Work, comm: Any, stream: Any) -> Any:
 
 def _alltoall(st: Any, work: Work, comm: Any, stream: Any) -> Tuple[Any, np.ndarray]:
     a, send_splits = work.inputs.inputs
-    recv_splits = st.transport.alltoall_ints(work.process_set._comm, send_splits)
+    recv_splits = st.transport.alltoall_ints(work.process_set.group.comm, send_splits)
     out = gpu.cupy().empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
     row = execute._row_bytes(a)
     comm.alltoallv(_bytes(a), send_splits * row, _bytes(out), recv_splits * row, stream)

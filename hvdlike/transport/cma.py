@@ -40,7 +40,9 @@ import numpy as np
 from mpi4py import MPI
 
 from ..base.reduce_ops import ReduceOp
-from .shm import _PIECE, _UFUNCS, _Segments
+from ..base.settings import Settings
+from .interface import OnNodeTransport
+from .segments import PIECE, UFUNCS, Segments
 
 _IOV_MAX = 1024  # iovecs one call may take (Linux's UIO_MAXIOV)
 
@@ -145,7 +147,7 @@ class CrossMemoryAllreduce:
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         self._pids = list(pids)
         self._read, self._write = _Copier(_CALLS[0]), _Copier(_CALLS[1])
-        self._scratch = np.empty((self._size + 1) * _PIECE, np.uint8)
+        self._scratch = np.empty((self._size + 1) * PIECE, np.uint8)
         self._chunk = np.empty(0, np.uint8)  # hierarchical: a chunk spread over outputs
         self._flag = np.zeros(1, np.int32)
 
@@ -182,6 +184,10 @@ class CrossMemoryAllreduce:
             return None
         return cls(comm, [int(p) for p in table[:, 0]], across)
 
+    @property
+    def activity(self) -> str:
+        return "CMA_ALLREDUCE" if self.across is None else "HIERARCHICAL_ALLREDUCE"
+
     def reserve(self, nbytes: int) -> bool:
         """Always room: nothing is allocated."""
         return True
@@ -196,8 +202,8 @@ class CrossMemoryAllreduce:
         anything else in the reduction) failed on any, ``PeerGone`` when a peer's process
         was gone (a rank died after its part of this call's last step had gone out: the
         others may see MPI's error for the death instead)."""
-        data = _Segments([s.reshape(-1) for s in sends])
-        out = _Segments([r.reshape(-1) for r in recvs])
+        data = Segments([s.reshape(-1) for s in sends])
+        out = Segments([r.reshape(-1) for r in recvs])
         if out.size == 0:
             return
         where = np.array([_address(a) for a in data.arrays + out.arrays], np.uint64)
@@ -252,24 +258,24 @@ class CrossMemoryAllreduce:
 
     # ------------------------------------------------------------------ internals
 
-    def _reduce_pieces(self, data: _Segments, out: _Segments, table: np.ndarray,
+    def _reduce_pieces(self, data: Segments, out: Segments, table: np.ndarray,
                        op: ReduceOp, lo: int, hi: int,
                        finish: Optional[Callable[[np.ndarray], None]]) -> None:
         """Reduce elements [lo, hi) over this node's ranks into this rank's outputs, piece by
         piece; unless hierarchical, finish each piece and write it into the peers' outputs."""
-        me, size, dtype, ufunc = self._rank, self._size, out.dtype, _UFUNCS[op]
+        me, size, dtype, ufunc = self._rank, self._size, out.dtype, UFUNCS[op]
         item = dtype.itemsize
-        piece = max(1, _PIECE // item)
+        piece = max(1, PIECE // item)
         scratch = self._scratch
         base = scratch.ctypes.data
-        slots = [scratch[p * _PIECE:(p + 1) * _PIECE].view(dtype) for p in range(size + 1)]
+        slots = [scratch[p * PIECE:(p + 1) * PIECE].view(dtype) for p in range(size + 1)]
         for a in range(lo, hi, piece):
             b = min(a + piece, hi)
             spans = list(data.spans(a, b, base=a))  # (array, start, stop, offset in piece)
             # every peer's part of this piece, into its scratch slot
             for p in range(size):
                 if p != me:
-                    slot = base + p * _PIECE
+                    slot = base + p * PIECE
                     self._read(self._pids[p], [
                         (slot + at * item, int(table[p, i]) + s * item, (e - s) * item)
                         for i, s, e, at in spans])
@@ -289,7 +295,7 @@ class CrossMemoryAllreduce:
             if self.across is None:
                 self._send(table, out, spans)
 
-    def _gather(self, out: _Segments, spans: List[Tuple[int, int, int, int]],
+    def _gather(self, out: Segments, spans: List[Tuple[int, int, int, int]],
                 n: int) -> np.ndarray:
         """The ``n`` output elements of ``spans`` as one contiguous array: a view when they
         lie in one output, else a copy in a buffer reused from call to call."""
@@ -303,7 +309,7 @@ class CrossMemoryAllreduce:
             chunk[at:at + e - s] = out.arrays[i][s:e]
         return chunk
 
-    def _send(self, table: np.ndarray, out: _Segments,
+    def _send(self, table: np.ndarray, out: Segments,
               spans: List[Tuple[int, int, int, int]]) -> None:
         """Write ``spans`` of this rank's outputs into every peer's outputs."""
         arrays, item = len(out.arrays), out.itemsize
@@ -314,3 +320,14 @@ class CrossMemoryAllreduce:
                     (int(mine[i]) + s * item, int(table[p, arrays + i]) + s * item,
                      (e - s) * item)
                     for i, s, e, _ in spans])
+
+
+def _build(comm: Any, across: Any, settings: Settings) -> Optional[CrossMemoryAllreduce]:
+    return None if settings.cma == "0" else CrossMemoryAllreduce.create(comm, across)
+
+
+TRANSPORT = OnNodeTransport(
+    name="cma", build=_build, threshold=lambda s: s.cma_threshold,
+    # HVDLIKE_CMA=auto, on one node: single copy or the shared-memory window
+    timed=lambda s, by_node: not by_node and s.cma == "auto",
+    choice_names=("single copy", "window"), self_first=True)

@@ -6,7 +6,7 @@ dtype travels as bytes.
 Importing this module initializes MPI, so only ``runtime.init`` imports it.
 """
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -223,6 +223,16 @@ def alltoall_ints(comm: MPI.Comm, values: np.ndarray) -> np.ndarray:
     out = np.empty_like(values)
     comm.Alltoall(values, out)
     return out
+
+
+def bcast_object(comm: MPI.Comm, obj: Any, root: int) -> Any:
+    """The root's picklable ``obj``, on every rank."""
+    return comm.bcast(obj, root=root)
+
+
+def allgather_object(comm: MPI.Comm, obj: Any) -> List[Any]:
+    """Every rank's picklable ``obj``, in rank order."""
+    return comm.allgather(obj)
 
 
 def barrier(comm: MPI.Comm) -> None:

@@ -25,26 +25,20 @@ r all-reduces its reduced chunk r with ``across`` (MPI, over the network), so ea
 node's ranks then copy every chunk as in step 3. Every node must have the same number of
 ranks, so that chunk r has the same size on each of them.
 """
-import bisect
 import os
 import sys
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 from ..base.reduce_ops import ReduceOp
+from ..base.settings import Settings
+from .interface import OnNodeTransport
+from .segments import PIECE, UFUNCS, Segments, pieces
 
-_UFUNCS: Dict[ReduceOp, Callable[..., Any]] = {
-    ReduceOp.AVERAGE: np.add,
-    ReduceOp.SUM: np.add,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.PRODUCT: np.multiply,
-}
 _ALIGN = 64
 _MIN_WINDOW = 4 << 20
-_PIECE = 256 << 10  # bytes reduced at a time, so the result is still in cache when copied
 _SHM_DIR = "/dev/shm"
 
 
@@ -75,6 +69,10 @@ class SharedMemoryAllreduce:
         self._no_room = False  # /dev/shm was too small once: stay on MPI from then on
         self._slots: List[np.ndarray] = []    # per rank: chunks of its input, at their offsets
         self._results: List[np.ndarray] = []  # per rank: the reduced chunk it owns
+
+    @property
+    def activity(self) -> str:
+        return "SHM_ALLREDUCE" if self.across is None else "HIERARCHICAL_ALLREDUCE"
 
     def reserve(self, nbytes: int) -> bool:
         """Make the window big enough to reduce ``nbytes`` (in rounds of at most ``max_bytes``).
@@ -107,8 +105,8 @@ class SharedMemoryAllreduce:
         the same array (in place); every rank passes the same sizes and ``reserve`` of their
         total bytes returned True. ``finish``, an element-wise in-place pass (Average's
         scaling), is applied to each reduced piece while it is still in cache."""
-        data = _Segments([s.reshape(-1) for s in sends])
-        out = _Segments([r.reshape(-1) for r in recvs])
+        data = Segments([s.reshape(-1) for s in sends])
+        out = Segments([r.reshape(-1) for r in recvs])
         if out.size == 0:
             return
         step = max(1, min(self._capacity, out.size * out.itemsize) // out.itemsize)
@@ -135,10 +133,10 @@ class SharedMemoryAllreduce:
         self._comm.Barrier()
         self._win.Sync()
 
-    def _round(self, data: "_Segments", out: "_Segments", lo: int, hi: int,
+    def _round(self, data: "Segments", out: "Segments", lo: int, hi: int,
                op: ReduceOp, finish: Optional[Callable[[np.ndarray], None]]) -> None:
         """Reduce elements [lo, hi) of the concatenation (at most one window's worth)."""
-        n, dtype, me, ufunc = hi - lo, out.dtype, self._rank, _UFUNCS[op]
+        n, dtype, me, ufunc = hi - lo, out.dtype, self._rank, UFUNCS[op]
         nbytes = n * dtype.itemsize
         slot = self._slots[me][:nbytes].view(dtype)
         for j in range(self._size):
@@ -150,8 +148,8 @@ class SharedMemoryAllreduce:
         peers = [None if p == me else self._slots[p][:nbytes].view(dtype)
                  for p in range(self._size)]
         result = self._results[me][:(mine.stop - mine.start) * dtype.itemsize].view(dtype)
-        piece = max(1, _PIECE // dtype.itemsize)
-        for a, b in _pieces(mine.start, mine.stop, piece):
+        piece = max(1, PIECE // dtype.itemsize)
+        for a, b in pieces(mine.start, mine.stop, piece):
             for i, s, e, at in data.spans(lo + a, lo + b, base=lo):
                 # [s, e) of array i holds elements [at, at + e - s) of this round
                 own = data.arrays[i][s:e]
@@ -210,44 +208,12 @@ class SharedMemoryAllreduce:
         self._win, self._capacity = win, capacity
 
 
-def _pieces(lo: int, hi: int, piece: int) -> Iterator[Tuple[int, int]]:
-    for a in range(lo, hi, piece):
-        yield a, min(a + piece, hi)
+def _build(comm: Any, across: Any, settings: Settings) -> Optional[SharedMemoryAllreduce]:
+    return SharedMemoryAllreduce(comm, settings.shm_buffer, across)
 
 
-class _Segments:
-    """A list of flat arrays seen as one concatenated array (element offsets)."""
-
-    def __init__(self, arrays: List[np.ndarray]) -> None:
-        self.arrays = arrays
-        self.starts = [0]
-        for a in arrays:
-            self.starts.append(self.starts[-1] + a.size)
-        self.size = self.starts[-1]
-        self.dtype = arrays[0].dtype if arrays else np.dtype(np.uint8)
-        self.itemsize = self.dtype.itemsize
-
-    def spans(self, lo: int, hi: int, base: int = 0) -> Iterator[Tuple[int, int, int, int]]:
-        """(array index, start, stop within it, element offset of start minus ``base``) for
-        the elements [lo, hi) of the concatenation."""
-        i = bisect.bisect_right(self.starts, lo) - 1
-        while lo < hi:
-            while self.starts[i + 1] <= lo:
-                i += 1
-            stop = min(hi, self.starts[i + 1])
-            yield i, lo - self.starts[i], stop - self.starts[i], lo - base
-            lo = stop
-
-    def read(self, lo: int, hi: int, into: np.ndarray) -> None:
-        """Copy elements [lo, hi) into the flat array ``into``."""
-        at = 0
-        for i, s, e, _ in self.spans(lo, hi):
-            into[at:at + e - s] = self.arrays[i][s:e]
-            at += e - s
-
-    def write(self, lo: int, hi: int, values: np.ndarray) -> None:
-        """Copy the flat array ``values`` into elements [lo, hi)."""
-        at = 0
-        for i, s, e, _ in self.spans(lo, hi):
-            self.arrays[i][s:e] = values[at:at + e - s]
-            at += e - s
+TRANSPORT = OnNodeTransport(
+    name="shm", build=_build, threshold=lambda s: s.shm_threshold,
+    # HVDLIKE_HIERARCHICAL_ALLREDUCE=auto, on several nodes: flat MPI or node by node
+    timed=lambda s, by_node: by_node and s.hierarchical_allreduce == "auto",
+    choice_names=("flat", "hierarchical"), self_first=False)

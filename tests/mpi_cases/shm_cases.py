@@ -19,6 +19,11 @@ from timeline_cases import read_own
 OPS = ["Sum", "Average", "Min", "Max", "Product"]
 
 
+def _reducer(ps: Any, name: str) -> Any:
+    """The process set's on-node transport ``name`` ("shm", "cma"), or None."""
+    return None if ps.group is None else ps.group.reducers.get(name)
+
+
 def inputs(nbytes: int, dtype: str, rank: int) -> np.ndarray:
     """Small integer values (exact in any order of float additions), distinct per rank."""
     n = nbytes // np.dtype(dtype).itemsize
@@ -38,9 +43,9 @@ def sizes_and_ops(sizes: List[int], dtypes: List[str]) -> Dict[str, Any]:
                 out[f"{nbytes}-{dtype}-{op}"] = hvd.allreduce(x, op=getattr(hvd, op))
             grouped = hvd.grouped_allreduce([x, x[: x.size // 3]], op=hvd.Max)
             out[f"{nbytes}-{dtype}-grouped"] = grouped
-    reducer = hvd.global_process_set._shm
+    reducer = _reducer(hvd.global_process_set, "shm")
     out["capacity"] = None if reducer is None else reducer._capacity
-    out["cma"] = hvd.global_process_set._cma is not None
+    out["cma"] = _reducer(hvd.global_process_set, "cma") is not None
     return out
 
 
@@ -66,9 +71,10 @@ def who_uses_shared_memory() -> Dict[str, Any]:
     for name, ps in sets.items():
         if ps.included():
             x = np.full(1 << 18, hvd.rank() + 1, np.float32)  # 1 MiB: above the threshold
-            out[name] = dict(shm=ps._shm is not None,
-                             hierarchical=ps._shm is not None and ps._shm.across is not None,
-                             cma=ps._cma is not None,
+            window = _reducer(ps, "shm")
+            out[name] = dict(shm=window is not None,
+                             hierarchical=window is not None and window.across is not None,
+                             cma=_reducer(ps, "cma") is not None,
                              sum=float(hvd.allreduce(x, op=hvd.Sum, process_set=ps)[0]))
     return out
 
@@ -82,7 +88,7 @@ def dev_shm_full_on_last_rank() -> Dict[str, Any]:
     x = np.full(1 << 18, hvd.rank() + 1, np.float32)
     first = hvd.allreduce(x, op=hvd.Sum)
     again = hvd.allreduce(x, op=hvd.Sum)
-    reducer = hvd.global_process_set._shm
+    reducer = _reducer(hvd.global_process_set, "shm")
     return dict(first=float(first[0]), again=float(again[-1]), capacity=reducer._capacity,
                 no_room=reducer._no_room)
 
@@ -104,14 +110,13 @@ def auto_choice(sizes: List[int], after: int) -> Dict[str, Any]:
     warm-up and trials take plus ``after``: every result, and what the choice tried and kept
     per size class."""
     from hvdlike.transport import choice as auto
-    from hvdlike.engine import execute
     calls = 1 + 2 * auto.TRIALS + after
     sums = []
     for nbytes in sizes:
         for i in range(calls):
             x = inputs(nbytes, "float32", hvd.rank() + i)
             sums.append(hvd.allreduce(x, op=hvd.Sum, name=f"auto.{nbytes}.{i}"))
-    choice = execute._choices[hvd.global_process_set._shm]
+    choice = hvd.global_process_set.group.choices["shm"]
     return dict(sums=sums, calls=calls, trials=auto.TRIALS, picked=dict(choice.picked),
                 tried={c: (len(f), len(h)) for c, (f, h) in choice._times.items()})
 
@@ -121,7 +126,6 @@ def cma_auto_choice(sizes: List[int], after: int, timeline: str) -> Dict[str, An
     take plus ``after``: every result, which reducer ran each call (from the timeline), and
     what the choice tried and kept per size class."""
     from hvdlike.transport import choice as auto
-    from hvdlike.engine import execute
     calls = 1 + 2 * auto.TRIALS + after
     sums = []
     hvd.start_timeline(timeline)
@@ -132,7 +136,7 @@ def cma_auto_choice(sizes: List[int], after: int, timeline: str) -> Dict[str, An
     hvd.stop_timeline()
     ran = [e["name"] for e in sorted(read_own(timeline), key=lambda e: e.get("ts", 0))
            if e["name"] in ("CMA_ALLREDUCE", "SHM_ALLREDUCE", "MPI_ALLREDUCE")]
-    choice = execute._cma_choices[hvd.global_process_set._cma]
+    choice = hvd.global_process_set.group.choices["cma"]
     return dict(sums=sums, calls=calls, trials=auto.TRIALS, ran=ran, picked=dict(choice.picked),
                 tried={c: (len(f), len(h)) for c, (f, h) in choice._times.items()})
 
@@ -144,13 +148,12 @@ def cma_auto_window_growth(first: int, larger: int, keep_window: bool,
     one all-reduce of ``larger`` bytes (the same class): the window's capacity before and after
     it, which reducer ran it (from the timeline), and its sum."""
     from hvdlike.transport import choice as auto
-    from hvdlike.engine import execute
     for i in range(1 + 2 * auto.TRIALS):
         hvd.allreduce(inputs(first, "float32", hvd.rank() + i), op=hvd.Sum, name=f"first.{i}")
-    choice = execute._cma_choices[hvd.global_process_set._cma]
+    choice = hvd.global_process_set.group.choices["cma"]
     assert list(choice.picked) == [first.bit_length()] == [larger.bit_length()], choice.picked
     choice.picked[first.bit_length()] = keep_window
-    window = hvd.global_process_set._shm
+    window = _reducer(hvd.global_process_set, "shm")
     before = window._capacity
     hvd.start_timeline(timeline)
     total = hvd.allreduce(inputs(larger, "float32", hvd.rank()), op=hvd.Sum, name="larger")
@@ -213,16 +216,16 @@ def cma_refused_on_last_rank() -> Dict[str, Any]:
     hvd.shutdown()
     hvd.init()
     x = np.full(1 << 18, hvd.rank() + 1, np.float32)
-    return dict(unfiltered=unfiltered, cma=hvd.global_process_set._cma is not None,
+    return dict(unfiltered=unfiltered, cma=_reducer(hvd.global_process_set, "cma") is not None,
                 sum=float(hvd.allreduce(x, op=hvd.Sum)[-1]),
-                capacity=hvd.global_process_set._shm._capacity)
+                capacity=_reducer(hvd.global_process_set, "shm")._capacity)
 
 
 def cma_fails_on_last_rank(how: str) -> Dict[str, Any]:
     """On the last rank only, a copy fails (``how="copy"``) or the reduction raises something
     else (``"error"``) in the middle of an all-reduce: every rank must get an error (not a hang,
     not a wrong result), and the next all-reduce, with everything working again, is right."""
-    reducer = hvd.global_process_set._cma
+    reducer = _reducer(hvd.global_process_set, "cma")
     assert isinstance(reducer, cma.CrossMemoryAllreduce), type(reducer)
     x = np.full(1 << 18, hvd.rank() + 1, np.float32)
     if hvd.rank() == hvd.size() - 1:
@@ -311,3 +314,68 @@ def cma_grouped_results_stay_put() -> Dict[str, Any]:
                 kept_memory_reused=any(t.ctypes.data == where for t in third),
                 dropped_memory_reused=third[1].ctypes.data == second_at,
                 third=[sorted(set(t.tolist())) for t in third])
+
+
+class _ReduceThenBroadcast:
+    """An on-node transport made for the test of registering one: MPI_Reduce to the node's
+    first rank, then MPI_Bcast, of the concatenated arrays."""
+
+    def __init__(self, comm: Any) -> None:
+        self._comm = comm
+        self.across = None
+        self.freed = 0
+
+    @property
+    def activity(self) -> str:
+        return "REDUCE_BCAST_ALLREDUCE"
+
+    def reserve(self, nbytes: int) -> bool:
+        return True
+
+    def allreduce_many(self, sends: List[np.ndarray], recvs: List[np.ndarray], op: Any,
+                       finish: Any = None) -> None:
+        from mpi4py import MPI
+        assert op == hvd.Sum, op
+        send = np.concatenate([s.reshape(-1) for s in sends])
+        total = np.empty_like(send)
+        self._comm.Reduce(send, total, MPI.SUM, root=0)
+        self._comm.Bcast(total, root=0)
+        if finish is not None:
+            finish(total)
+        at = 0
+        for r in recvs:
+            r.reshape(-1)[:] = total[at:at + r.size]
+            at += r.size
+
+    def free(self) -> None:
+        self.freed += 1
+
+
+def registered_transport(sizes: List[int], timeline: str) -> Dict[str, Any]:
+    """A third on-node transport registered in ``ON_NODE`` (from 1 MiB, above the window):
+    the all-reduce of each size, which transport ran it (from the timeline), and whether the
+    global set's transports were freed at shutdown."""
+    from hvdlike.transport import group
+    from hvdlike.transport.interface import OnNodeTransport
+    built: List[_ReduceThenBroadcast] = []
+
+    def build(comm: Any, across: Any, settings: Any) -> Any:
+        built.append(_ReduceThenBroadcast(comm))
+        return built[-1] if across is None else None
+
+    added = OnNodeTransport(name="reduce_bcast", build=build, threshold=lambda s: 1 << 20,
+                            timed=lambda s, by_node: False)
+    group.ON_NODE = group.ON_NODE + (added,)
+    hvd.shutdown()
+    hvd.init()
+    hvd.start_timeline(timeline)
+    sums = [hvd.allreduce(inputs(n, "float32", hvd.rank()), op=hvd.Sum, name=f"r.{n}")
+            for n in sizes]
+    hvd.stop_timeline()
+    ran = [e["name"] for e in sorted(read_own(timeline), key=lambda e: e.get("ts", 0))
+           if e["name"] in ("MPI_ALLREDUCE", "SHM_ALLREDUCE", "REDUCE_BCAST_ALLREDUCE")]
+    registered = sorted(hvd.global_process_set.group.reducers)
+    hvd.shutdown()
+    freed = [b.freed for b in built]
+    hvd.init()
+    return dict(sums=sums, ran=ran, registered=registered, freed=freed)
