@@ -33,8 +33,8 @@ setup(
         # MultiWorkerMirroredStrategy comparison need it.
         "test": ["pytest>=7", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6", "matplotlib",
                  "tf-keras>=2.16"],
-        # scripts/lint.sh: ruff, and import-linter for the layers (pyproject.toml)
-        "lint": ["ruff>=0.6", "import-linter>=2.1"],
+        # scripts/lint.sh: ruff, import-linter for the layers, mypy on the core (pyproject.toml)
+        "lint": ["ruff>=0.6", "import-linter>=2.1", "mypy>=1.10"],
     },
     entry_points={"console_scripts": ["hvdlikerun = hvdlike.runner.launch:main"]},
     classifiers=[

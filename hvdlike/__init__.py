@@ -41,7 +41,8 @@ from .process_sets import (ProcessSet, add_process_set, comm_process_set_id,
                            get_process_set_ids_and_ranks, global_process_set,
                            remove_process_set)
 from .base.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from .engine.timeline import start_timeline, stop_timeline
+from .engine.timeline import stop_timeline
+from .runtime import start_timeline
 from .runtime import (
     cross_rank,
     ccl_built,

@@ -52,7 +52,8 @@ class ProcessSet:
     def _unbind(self, release: bool = True) -> None:
         """Forget the set; ``release``: free its transports too (collective), and its
         communicator unless it is the world's."""
-        _registry.pop(self.process_set_id, None)
+        if self.process_set_id is not None:
+            _registry.pop(self.process_set_id, None)
         if self.group is not None and release:
             self.group.free(comm=self.process_set_id != 0)
         self.process_set_id, self.group = None, None

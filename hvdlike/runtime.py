@@ -127,9 +127,9 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     )
     _ps.global_process_set._bind(0, list(range(size)), world)
     from .engine.engine import Engine
-    _state.engine = Engine(_state)
+    _state.engine = Engine(_state, _ps._registry, finalize_with_deadline_at_exit)
     if settings.timeline:
-        timeline.start_timeline(settings.timeline, settings.timeline_mark_cycles)
+        start_timeline(settings.timeline, settings.timeline_mark_cycles)
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered.append(True)
@@ -257,7 +257,7 @@ def _install_abort_hook(st: _State) -> None:
     # after an elastic reset MPI_COMM_WORLD holds dead ranks (a replacement: only itself)
     world = st.world if _finalize_registered else st.mpi.COMM_WORLD
 
-    def abort_job(etype, value, tb):  # type: ignore[no-untyped-def]
+    def abort_job(etype: Any, value: Any, tb: Any) -> None:
         if getattr(value, "hvdlike_quiet", False):
             # Raised on every rank of a collective; the set's first rank prints it and aborts.
             # Abort here too after a grace period, in case that rank is not going to.
@@ -299,6 +299,14 @@ def _abort(world: Any, rank: int) -> None:
 
 
 _finalize_registered: List[bool] = []
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing this rank's timeline: rank 0 to ``file_path``, rank r > 0 to
+    ``file_path`` with ``.rank<r>`` added before the extension. A timeline already running is
+    closed first. ``mark_cycles`` adds a ``CYCLE_START`` mark for every engine round that ran
+    something."""
+    timeline.start(file_path, state("hvdlike.start_timeline").rank, mark_cycles)
 
 
 def finalize_with_deadline_at_exit() -> None:
@@ -455,7 +463,8 @@ def shrink_after_failure(min_size: int = 1, max_size: int = 0) -> List[int]:
         too_few = RuntimeError(
             f"hvdlike.elastic: only {new.size} ranks are left after ranks {failed} died, "
             f"fewer than the minimum of {min_size} (hvdlikerun --min-np); the job ends")
-        too_few.hvdlike_quiet = new.rank != 0  # type: ignore[attr-defined] - rank 0 says it
+        # rank 0 says it
+        too_few.hvdlike_quiet = new.rank != 0  # type: ignore[attr-defined]
         raise too_few
     return failed
 

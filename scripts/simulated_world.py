@@ -34,8 +34,8 @@ class World:
 
 
 class SimNet:
-    """One class's view of the collectives (``negotiation.Net``, plus the round's AND).
-    ``excluded``: the thread's CPU inside the stand-in, left out of the rank's figures;
+    """One class's view of the collectives (``transport.interface.RoundNet``, plus the round's
+    AND). ``excluded``: the thread's CPU inside the stand-in, left out of the rank's figures;
     ``bytes``: what the rank handed to collectives (sent + received)."""
 
     def __init__(self, world: World, index: int) -> None:

@@ -8,13 +8,12 @@ MAX_LINES = 400
 # modules that hold several concerns today, each at most as long as it is now, until split
 # (docs/architecture.md, "Where the layers are not yet clean")
 TOO_LONG = {
-    "engine/engine.py": 824,
-    "tensorflow/ops.py": 773,
-    "runtime.py": 600,
+    "engine/engine.py": 482,
+    "runtime.py": 594,
     "runner/launch.py": 572,
-    "engine/execute.py": 560,
+    "engine/execute.py": 529,
     "tensorflow/optimizer.py": 553,
-    "engine/negotiation.py": 513,
+    "engine/negotiation.py": 504,
     "collectives.py": 495,
     "tensorflow/parameter_server.py": 422,
 }

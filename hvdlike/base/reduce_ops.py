@@ -1,5 +1,6 @@
 """Reduction operations accepted by allreduce and reducescatter (Adasum: all-reduces only)."""
 import enum
+from typing import Any
 
 
 class ReduceOp(enum.IntEnum):
@@ -23,7 +24,7 @@ Product = ReduceOp.PRODUCT
 Adasum = ReduceOp.ADASUM
 
 
-def as_reduce_op(op: object) -> ReduceOp:
+def as_reduce_op(op: Any) -> ReduceOp:
     """Return ``op`` as a ReduceOp, or raise ValueError naming the accepted values."""
     if type(op) is ReduceOp:
         return op

@@ -28,6 +28,16 @@ class Request(NamedTuple):
     # None for an array that is one tensor; None when no array carries several
     parts: Optional[Tuple[Optional[Tuple[Tuple[int, ...], ...]], ...]] = None
 
+    def reduce_op(self) -> ReduceOp:
+        """The op of a reduction request."""
+        assert self.op is not None, self
+        return ReduceOp(self.op)
+
+    def root_rank(self) -> int:
+        """The root (a world rank) of a broadcast request."""
+        assert self.root is not None, self
+        return int(self.root)
+
 
 LocalError = Tuple[str, str]  # ("TypeError" | "ValueError", message)
 

@@ -35,57 +35,38 @@ wait for a stopping rank (it will submit nothing more); requests of sets without
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
-from .. import process_sets as _ps
-from ..base.errors import DeadlockError, RanksFailedError
+from ..base.errors import RanksFailedError
 from ..handles import Handle
 from ..transport.control import Control
-from ..transport.failures import failed_ranks, is_process_failure, revoke
-from . import execute, execute_gpu, timeline
-from .checks import LocalError, Request, raised_on_every_rank
-from .deadlock import JOIN_KEY, Found
-from .execute import ALLREDUCES, RUNNERS, Work
+from . import dispatch, execute, execute_gpu, failing, latency, timeline
+from .checks import LocalError, Request
+from .deadlock import JOIN_KEY
+from .entries import NONAME_NAMES, NONAMES, Entry
+from .execute import Work
 from .negotiation import Detail, Flag, Key, Mine, Negotiation, Summary
 from .stall import StallInspector
 
 _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
-_FAILED_RANKS_WAIT = 2.0  # seconds a failed engine waits to learn which ranks died
 _COMPANY_SECONDS = 0.1  # ticks stay a cycle apart this long after a set without this rank had work
-NONAME_NAMES = 256  # unnamed requests cycle through this many names
-_NONAMES = tuple(f"noname.{k}" for k in range(NONAME_NAMES))
-_GENERAL = object()  # Engine._direct's answer: take the general path (submit, wait)
 _DEADLOCK_CHECK_EVERY = 1.0  # seconds between deadlock checks while ranks stay blocked
 _ALL_SETS = (1 << 64) - 1  # the deadlock word of a rank blocked past the deadlock time
-# flags after which a round needs more than its all-reduce (Engine._direct leaves it then)
-_SPECIAL = sum(1 << f for f in (Flag.UNPUBLISHED, Flag.STOPPING, Flag.STALLED, Flag.JOINED,
-                                Flag.DETAIL))
-_WAITING = 1 << Flag.WAITING
-
-
-class Entry:
-    """A request this rank submitted, until its response has run."""
-
-    __slots__ = ("key", "request", "error", "inputs", "process_set", "handle", "position",
-                 "warned", "submitted", "carried", "negotiated")
-
-    def __init__(self, request: Request, error: Optional[LocalError], inputs: Any,
-                 process_set: Any, handle: Handle) -> None:
-        self.key: Key = (process_set.process_set_id, request.name or "")
-        self.request, self.error, self.inputs = request, error, inputs
-        self.process_set, self.handle = process_set, handle
-        self.position: Optional[int] = None  # cache position whose bit this entry sets
-        self.warned = False  # the stall inspector has reported it
-        # perf_counter times: submitted; start and end of the first round that carried it
-        self.submitted = time.perf_counter()
-        self.carried = self.negotiated = 0.0
 
 
 class Engine:
-    def __init__(self, st: Any) -> None:
+    """The engine of one world. ``st``: the world (the runtime's state: its settings, ranks,
+    communicators); ``sets``: its registered process sets by id, which the api keeps (each with
+    ``ranks``, and ``group``, the set's transports on a member, None elsewhere);
+    ``on_failure``: called once ranks died and the engine is over."""
+
+    def __init__(self, st: Any, sets: Mapping[int, Any],
+                 on_failure: Callable[[], None] = lambda: None) -> None:
         self._st = st
+        self.sets = sets
+        self.on_failure = on_failure
         self._neg = Negotiation(st.size, st.settings.cache_capacity,
-                                lambda set_id: _ps._registry[set_id].ranks, st.rank)
+                                lambda set_id: sets[set_id].ranks, st.rank)
         self._cycle = st.settings.cycle_time_ms / 1000.0
         self._stall = StallInspector(st.settings, st.rank)
         self._control = Control(st.world, self._neg.contribution, self._neg.reduced, self._stall)
@@ -163,88 +144,25 @@ class Engine:
         this thread runs the next round at once with the request in its row, without queue,
         entry or handle, and when every member has the request, runs it and returns. It is an
         ordinary round for every other rank: they cannot tell it from one run by ``wait``."""
-        outcome: Any = _GENERAL
+        outcome: Any = latency.GENERAL
         if error is None and self._lock.acquire(blocking=False):
             try:
-                outcome = self._direct(request, inputs, process_set)
+                outcome = latency.direct(self, request, inputs, process_set)
             finally:
                 self._lock.release()
-            if type(outcome) is not Handle and outcome is not _GENERAL:
+            if type(outcome) is not Handle and outcome is not latency.GENERAL:
                 return outcome
-        if outcome is _GENERAL:
+        if outcome is latency.GENERAL:
             outcome = self.submit(request, error, inputs, process_set, wake=False)
         return outcome.synchronize()
 
-    def _direct(self, request: Request, inputs: Any, process_set: Any) -> Any:
-        """Run ``request`` in a round of its own (``_lock`` held); returns its result, or the
-        handle of the request left pending (not ready on every member, or a round with more
-        to it than this request), or _GENERAL when it must take the general path."""
-        if (self._queue or self._pending or self._join_entry is not None or self._stopping
-                or self._paused or timeline.current is not None):
-            return _GENERAL
-        set_id = process_set.process_set_id
-        if request.name is None:
-            with self._qlock:
-                request = self._named(request, set_id)
-        position = self._neg.cached((set_id, request.name), request)
-        if position is None:  # new to the response cache: negotiated by the general path
-            return self.submit(request, None, inputs, process_set, wake=False)
-        bit = 1 << position
-        mine = self._direct_mine
-        if (mine.bits, mine.stalled, mine.detail, mine.blocked) != (
-                bit, self._stall.flag, self._want_detail, self._outside_word):
-            mine = self._direct_mine = Mine(bit, (), True, -1, False, self._stall.flag,
-                                            self._want_detail, self._outside_word)
-        try:
-            self._neg.vector(mine)
-            summary = self._neg.read(self._control.exchange())
-        except BaseException as exc:
-            self._round_failed(exc)
-            raise self.failure or exc
-        if summary.some & _SPECIAL or summary.blocked or self._neg.completes(summary):
-            entry = self._pend(request, inputs, process_set, position)
-            try:
-                self._conclude(summary, mine, [entry])
-            except BaseException as exc:
-                self._round_failed(exc)
-            return entry.handle
-        # nothing but cached requests (no request in negotiation completes): the responses are
-        # those every active member has; of the sets this rank is in, that can only be this one
-        self._round_no += 1
-        self._last_round = self._own_work = time.monotonic()
-        self._keep_company(summary.union)
-        self._helper = False
-        if not summary.ready & bit:
-            self._busy = True
-            self._productive, self._stuck = False, bool(summary.every & _WAITING)
-            return self._pend(request, inputs, process_set, position).handle
-        self._busy = bool(summary.union & ~bit)  # work left somewhere after this
-        self._productive, self._stuck = True, False
-        self.direct_runs += 1
-        try:
-            if request.kind in ALLREDUCES:
-                return execute.allreduce_now(self._st, request, inputs, process_set)
-            return RUNNERS[request.kind](self._st, Work(request, inputs, process_set, _discard))
-        except Exception as exc:
-            if is_process_failure(exc, self._ctrl):
-                self._fail(exc)
-                raise self.failure or exc
-            raise
 
     def _named(self, request: Request, set_id: int) -> Request:
         """``request`` (unnamed) with the set's next unnamed name (``_qlock`` held)."""
         k = self._noname.get(set_id, 0)
         self._noname[set_id] = k + 1
-        return Request(request.kind, _NONAMES[k % NONAME_NAMES], *request[2:])
+        return Request(request.kind, NONAMES[k % NONAME_NAMES], *request[2:])
 
-    def _pend(self, request: Request, inputs: Any, process_set: Any, position: int) -> Entry:
-        """``request``, carried in the row of the round that just ran, pending from now on."""
-        entry = Entry(request, None, inputs, process_set, Handle(self))
-        entry.carried = entry.negotiated = entry.submitted
-        entry.position = position
-        self._bits |= 1 << position
-        self._pending[entry.key] = entry
-        return entry
 
     def wait(self, handle: Handle) -> None:
         """Return once ``handle`` is complete, running rounds on this thread when none runs."""
@@ -313,29 +231,10 @@ class Engine:
             self._last_round = time.monotonic()
             self._cv.notify()
 
+
     def forget_set(self, set_id: int) -> None:
-        """A process set is being removed (in a round, on every rank). This rank's requests on
-        it that have not run (not every member submitted them) fail, saying so. A later set
-        may get its id, with other members: its unnamed requests are numbered from 0 again."""
-        waiting = [e for k, e in self._pending.items() if k[0] == set_id]
-        missing = {id(e): self._missing(e) for e in waiting}  # while the set is registered
-        for key in [k for k in self._later if k[0] == set_id]:
-            waiting += self._later.pop(key)
-        for entry in waiting:
-            if self._pending.get(entry.key) is entry:
-                if entry.position is not None:
-                    self._clear_bit(entry)
-                del self._pending[entry.key]
-            ranks = missing.get(id(entry))
-            entry.handle._complete(None, RuntimeError(
-                f"hvdlike.{entry.request.kind} {entry.request.name!r} on process set {set_id} "
-                "cannot complete: the set was removed (hvdlike.remove_process_set) before "
-                + (f"ranks {ranks} submitted it" if ranks else "it ran") + ". Every member "
-                "must make the set's collective calls before it is removed."))
-        self._neg.forget_set(set_id)
-        execute_gpu.forget_set(set_id)
-        with self._qlock:
-            self._noname.pop(set_id, None)
+        """A process set is being removed, in a round on every rank (``failing.forget_set``)."""
+        failing.forget_set(self, set_id)
 
     # ------------------------------------------------------------------ rounds
 
@@ -382,22 +281,8 @@ class Engine:
         try:
             self._negotiate_and_run()
         except BaseException as exc:
-            self._round_failed(exc)
+            failing.round_failed(self, exc)
 
-    def _round_failed(self, exc: BaseException) -> None:
-        """A round raised: ranks died (ULFM), or an internal error, which (unlike an error in
-        a collective's data, which goes to its handle) leaves this rank's rounds out of step
-        with its peers': stop the job rather than hang."""
-        if is_process_failure(exc, self._ctrl):
-            self._fail(exc)
-        else:
-            import sys
-            import traceback
-            traceback.print_exception(type(exc), exc, exc.__traceback__)
-            sys.stderr.write(f"hvdlike: internal error in the engine on rank {self._st.rank}; "
-                             "aborting the job\n")
-            sys.stderr.flush()
-            self._st.mpi.COMM_WORLD.Abort(1)
 
     def _take_queue(self, now: float, fresh: List[Entry]) -> List[Tuple[Key, Request, Any]]:
         """Move the queue into the pending requests; returns the pending requests that are not
@@ -406,7 +291,7 @@ class Engine:
         with self._qlock:
             new, self._queue = self._queue, []
         for entry in new:
-            if _ps._registry.get(entry.key[0]) is not entry.process_set:  # removed meanwhile
+            if self.sets.get(entry.key[0]) is not entry.process_set:  # removed meanwhile
                 entry.handle._complete(None, RuntimeError(
                     f"hvdlike.{entry.request.kind} {entry.request.name!r}: its process set "
                     "was removed (hvdlike.remove_process_set, on another thread) before the "
@@ -436,7 +321,7 @@ class Engine:
         """The deadlock word of a rank not blocked: a bit for each set it is not in (kept in
         ``_outside_word``, made again when sets change)."""
         word = 0
-        for set_id, ps in _ps._registry.items():
+        for set_id, ps in self.sets.items():
             if ps.group is None:
                 word |= 1 << min(set_id, 63)
         return word
@@ -444,7 +329,8 @@ class Engine:
     def _mine(self, uncached: List[Tuple[Key, Request, Any]], fresh: List[Entry]) -> Mine:
         """What this rank brings to the round."""
         now = time.perf_counter()
-        blocked, waits = self._outside_word, ()
+        waits: Tuple[Tuple[Key, str], ...] = ()
+        blocked = self._outside_word
         if (self._waiters and self._deadlock_seconds > 0 and now >= self._deadlock_next
                 and now - max(self._wait_start, self._progress_at) >= self._deadlock_seconds):
             blocked, waits = _ALL_SETS, tuple(self._waits())
@@ -514,25 +400,25 @@ class Engine:
         # is in no set with work keeps the others company (_keep_company)
         self._busy = decision.any_waiting and not decision.drained
         for key in decision.invalidated:
-            entry = self._pending.get(key)
-            if entry is not None and entry.position is not None:
-                self._clear_bit(entry)
+            stale = self._pending.get(key)
+            if stale is not None and stale.position is not None:
+                self._clear_bit(stale)
         self._productive = bool(decision.responses)
         self._helper = self._productive and not mine.bits and not mine.uncached
         self._stuck = not self._productive and decision.all_waiting
         if decision.responses:
-            self._run_responses(decision.responses, now)
+            dispatch.run_responses(self, decision.responses, now)
         if decision.all_joined and self._join_entry is not None:
             entry, self._join_entry, self._joined_round = self._join_entry, None, -1
             self._progress_at = now
             entry.handle._complete(decision.last_joined, None)
         if decision.deadlock is not None:
-            self._fail_deadlocked(decision.deadlock)
+            failing.fail_deadlocked(self, decision.deadlock)
         if decision.stop:
-            self._stop_now()
+            failing.stop_now(self)
             return
         if decision.stopped:
-            self._fail_waiting_on(decision.stopped)
+            failing.fail_waiting_on(self, decision.stopped)
         if self._pending and self._stall.due(now):
             if decision.detail is not None:
                 self._stall.scan(list(self._pending.values()), self._missing, now,
@@ -543,29 +429,6 @@ class Engine:
             else:
                 self._stall.next_scan = now + self._stall.interval
 
-    def _fail_deadlocked(self, found: Found) -> None:
-        """This round found ranks blocked for good: on those, fail what their threads wait
-        for with the report (the same text on every rank)."""
-        me = self._st.rank
-        if me not in found.ranks:
-            return
-        keys = found.waits[me]
-        for handle in list(self._waited):
-            entry = self._entry_of(handle)
-            if entry is None or (JOIN_KEY if entry.request.kind == "join" else entry.key) \
-                    not in keys:
-                continue
-            if entry is self._join_entry:
-                self._join_entry, self._joined_round = None, -1
-            elif self._pending.get(entry.key) is entry:
-                self._retire(entry)
-            else:
-                self._later[entry.key].remove(entry)
-                if not self._later[entry.key]:
-                    del self._later[entry.key]
-            error = DeadlockError(found.message, list(found.ranks))
-            error.hvdlike_quiet = me != found.ranks[0]  # type: ignore[attr-defined]
-            entry.handle._complete(None, error)
 
     def _keep_company(self, union: int) -> None:
         """A set without this rank had work pending: its members' rounds need this rank's
@@ -585,7 +448,7 @@ class Engine:
         """The members that had not submitted ``entry``'s request in the last round that
         gathered every rank's row (stall reports, ranks that shut down, a removed set)."""
         set_id = entry.key[0]
-        members = _ps._registry[set_id].ranks
+        members = self.sets[set_id].ranks
         detail, me = self._neg.last_detail, self._st.rank
         if detail is None:
             return [r for r in members if r != me]
@@ -598,111 +461,6 @@ class Engine:
                 out.append(r)
         return out
 
-    def _run_responses(self, responses: List[Any], ready: float) -> None:
-        tl = timeline.current
-        reductions: List[Work] = []
-        others: List[Work] = []
-        served: List[Key] = []  # what this rank serves with zeros, having joined
-        if tl is not None and tl.mark_cycles and responses:
-            tl.instant("engine", "CYCLE_START", ready)
-        for response in responses:
-            ps = _ps._registry.get(response.key[0])
-            if ps is None or ps.group is None:  # not a member
-                continue
-            entry = self._pending.get(response.key)
-            if entry is not None:
-                if tl is not None:
-                    _trace_negotiation(tl, entry, ready, self._last_ranks)
-                self._retire(entry)
-            if response.error is not None:
-                error = raised_on_every_rank(response.error, ps.rank())
-                if entry is not None:
-                    entry.handle._complete(None, error)
-                elif self._join_entry is not None:  # a joined rank cannot serve this one
-                    join, self._join_entry, self._joined_round = self._join_entry, None, -1
-                    join.handle._complete(None, error)
-                continue
-            if entry is None:  # joined: take part with zeros, keep nothing
-                served.append(response.key)
-                zeros = (execute_gpu if response.request.device == "gpu" else execute).zeros_for
-                work = Work(response.request, zeros(response.request), ps, _discard)
-            else:
-                work = Work(response.request, entry.inputs, ps, entry.handle._succeed)
-            (reductions if response.request.kind in ALLREDUCES else others).append(work)
-        # a process set's removal last, after the round's collectives on that set
-        others.sort(key=lambda work: work.request.kind == "process_set")
-        if served:
-            self._count_unnamed(served)
-        self._in_flight = reductions + others
-        if reductions:
-            host = [w for w in reductions if w.request.device != "gpu"]
-            gpu = [w for w in reductions if w.request.device == "gpu"]
-            for run, works in ((execute.run_allreduces, host),
-                               (execute_gpu.run_allreduces, gpu)):
-                if works:
-                    trace = None if tl is None else self._tracer(tl, works)
-                    self._guarded(lambda: run(self._st, works, trace), works)
-        for work in others:
-            start = time.perf_counter()
-            run_one = (execute_gpu.run if work.request.device == "gpu"
-                       else RUNNERS[work.request.kind])
-            self._guarded(lambda: work.done(run_one(self._st, work)), [work])
-            if tl is not None:
-                tl.span(_row_name(work.process_set, work.request.name or ""),
-                        "MPI_" + work.request.kind.upper(), start, time.perf_counter())
-        if others and others[-1].request.kind == "process_set":  # sorted last: sets changed
-            self._outside_word = self._outside_sets()
-        self._in_flight = []
-        if tl is not None:
-            tl.flush()
-
-    def _last_ranks(self, entry: Entry) -> List[int]:
-        """The members whose request for ``entry`` came in this round: those that did not
-        have it in the last earlier round that gathered every rank's row (with a timeline
-        recording, a rank asks for them in each round in which it waits)."""
-        detail = self._neg.prev_detail if self._round_detail is not None else \
-            self._neg.last_detail
-        members = _ps._registry[entry.key[0]].ranks
-        if detail is None:
-            return list(members)
-        return [r for r in members if (entry.key[0] != 0 or detail.joined[r] < 0)
-                and not detail.has(r, entry.key)]
-
-    def _tracer(self, tl: Any, works: List[Work]) -> Any:
-        """The timeline's record of a round's all-reduce buckets (indices into ``works``)."""
-        def trace(members: List[int], phases: Any, args: Dict[str, Any]) -> None:
-            args = dict(args, round=self._round_no,
-                        members=[works[m].request.name for m in members[:8]])
-            for m in members:
-                row = _row_name(works[m].process_set, works[m].request.name)
-                for phase, start, end in phases:
-                    tl.span(row, phase, start, end, args)
-        return trace
-
-    def _count_unnamed(self, served: List[Key]) -> None:
-        """A joined rank served other ranks' unnamed requests ``noname.<k mod NONAME_NAMES>``
-        in this round: its own next unnamed request must be numbered after them, as the
-        others' are. Its counter c was theirs when it joined, so each served k is the first
-        number from c on with that remainder."""
-        with self._qlock:
-            after: Dict[int, int] = {}
-            for set_id, name in served:
-                if name.startswith("noname."):
-                    c = self._noname.get(set_id, 0)
-                    k = c + (int(name[len("noname."):]) - c) % NONAME_NAMES
-                    after[set_id] = max(after.get(set_id, c), k + 1)
-            self._noname.update(after)
-
-    def _guarded(self, run: Any, works: List[Work]) -> None:
-        try:
-            run()
-        except Exception as exc:  # noqa: BLE001 - handed to the caller, raised there
-            if is_process_failure(exc, self._ctrl):
-                raise  # the whole engine fails, with every request in it (_fail)
-            for work in works:
-                handle = getattr(work.done, "__self__", None)
-                if isinstance(handle, Handle) and not handle._done:
-                    handle._complete(None, exc)
 
     def _retire(self, entry: Entry) -> None:
         self._progress_at = time.perf_counter()  # a request of this rank completes
@@ -721,104 +479,4 @@ class Engine:
         self._bits &= ~(1 << position)
         entry.position = None
 
-    def _fail_waiting_on(self, stopped: Sequence[int]) -> None:
-        """Ranks ``stopped`` are shutting down: they submit nothing more (their engines still
-        take part in rounds until every rank has shut down). Fail this rank's requests that
-        wait for one of them at once, instead of waiting for ever; requests of sets without
-        them go on. Every rank decides from the same rows, so all fail a request alike."""
-        def error(what: str, ranks: List[int]) -> RuntimeError:
-            return RuntimeError(
-                f"{what} cannot complete: ranks {ranks} shut hvdlike down "
-                "(hvdlike.shutdown() or the end of their script) without submitting it. Every "
-                "rank must make the same collective calls; when ranks have different amounts of "
-                "data, stop all of them at the same step, or let the ones that run out call "
-                "hvdlike.join() (allreduce only).")
-        involved: Dict[int, bool] = {}  # process set id -> has a rank in ``stopped``
-        for entry in list(self._pending.values()):
-            set_id = entry.key[0]
-            if set_id not in involved:
-                involved[set_id] = any(r in stopped for r in _ps._registry[set_id].ranks)
-            if not involved[set_id]:
-                continue  # a set without them: its requests go on as usual
-            gone = [r for r in self._missing(entry) if r in stopped]
-            if gone:
-                self._retire(entry)
-                entry.handle._complete(None, error(
-                    f"hvdlike.{entry.request.kind} {entry.request.name!r}", gone))
-        if self._join_entry is not None and not self._stopping:
-            entry, self._join_entry, self._joined_round = self._join_entry, None, -1
-            entry.handle._complete(None, error("hvdlike.join", list(stopped)))
 
-    def _stop_now(self) -> None:
-        self.stopped = True
-        for entry in self._take_all():
-            entry.handle._complete(None, RuntimeError(
-                f"hvdlike.{entry.request.kind} {entry.request.name!r} was still pending when "
-                "hvdlike shut down"))
-
-    def _take_all(self) -> List[Entry]:
-        """Every request not yet completed, taken out of the engine."""
-        with self._qlock:
-            left, self._queue = self._queue, []
-        left += list(self._pending.values()) + [e for q in self._later.values() for e in q]
-        if self._join_entry is not None:
-            left.append(self._join_entry)
-        self._pending.clear()
-        self._later.clear()
-        self._join_entry = None
-        return left
-
-    def _fail(self, exc: BaseException) -> None:
-        """Ranks died (MPI with ULFM reported it): revoke every communicator of this world, so
-        that survivors blocked in any of them get out too, and fail every request with the
-        same RanksFailedError, naming the dead ranks. The engine is over; see
-        ``hvdlike.elastic`` for going on."""
-        st = self._st
-        revoke([self._ctrl, st.world, st.local_comm, st.cross_comm] + [
-            ps.group.comm for ps in _ps._registry.values() if ps.group is not None])
-        self._control.end_in_flight()  # the revoke failed it
-        failed = failed_ranks(self._ctrl, _FAILED_RANKS_WAIT)
-        named = f"ranks {failed}" if failed else "some ranks"
-        error = RanksFailedError(
-            f"hvdlike: {named} of the {st.size}-rank job died ({exc}). Collectives cannot go on "
-            "on this world. In hvdlike.elastic.run the survivors shrink the world and resume "
-            "from the last committed state; otherwise the job ends.", failed)
-        with self._qlock:
-            self.failure = error
-            self._stopping = True
-        self.stopped = True
-        from .. import runtime
-        runtime.finalize_with_deadline_at_exit()  # also where the script catches the error
-        from ..base.log import logger
-        logger.debug(f"engine: failed ({exc}); revoked every communicator; failed ranks "
-                     f"known here: {failed}")
-        for entry in self._take_all():
-            entry.handle._complete(None, error)
-        for work in self._in_flight:
-            handle = getattr(work.done, "__self__", None)
-            if isinstance(handle, Handle) and not handle._done:
-                handle._complete(None, error)
-        self._in_flight = []
-
-
-def _discard(result: Any) -> None:
-    return None
-
-
-def _row_name(process_set: Any, name: str) -> str:
-    set_id = process_set.process_set_id
-    return name if set_id == 0 else f"{name} (process set {set_id})"
-
-
-def _trace_negotiation(tl: Any, entry: Entry, ready: float,
-                       last_ranks: Callable[[Entry], List[int]]) -> None:
-    """The timeline phases of a request from its submission to the round that found it
-    ready on every rank (Horovod's names: NEGOTIATE_ALLREDUCE, ...)."""
-    kind = entry.request.kind
-    row = _row_name(entry.process_set, entry.request.name or "")
-    tl.span(row, "QUEUED", entry.submitted, entry.carried)
-    tl.span(row, "NEGOTIATE_" + kind.replace("grouped_", "").upper(), entry.carried,
-            entry.negotiated, {"kind": kind})
-    if ready > entry.negotiated:
-        tl.span(row, "WAIT_FOR_RANKS", entry.negotiated, ready,
-                {"last_ranks": last_ranks(entry)})

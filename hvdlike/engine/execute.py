@@ -42,6 +42,9 @@ class Work(NamedTuple):
     inputs: Any  # list of arrays, or the object / splits the collective needs
     process_set: Any
     done: Callable[[Any], None]  # receives the result
+    # GPU work staged through host memory: the CUDA stream its inputs were copied on (and its
+    # results go back on); None otherwise
+    inputs_stream: Any = None
 
 
 # ----------------------------------------------------------------------------- scaling
@@ -139,7 +142,8 @@ def run_allreduces(st: Any, works: Sequence[Work],
 def _tensors_in(work: Work, i: int) -> int:
     """How many tensors input ``i`` of ``work`` carries (packed ones: ``Request.parts``)."""
     parts = work.request.parts
-    return 1 if parts is None or parts[i] is None else len(parts[i])
+    mine = None if parts is None else parts[i]
+    return 1 if mine is None else len(mine)
 
 
 @functools.lru_cache(maxsize=256)
@@ -285,10 +289,10 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
     if trial is not None:  # an ``auto`` choice still trying both: tell it the time
         choice, second = trial
         choice.record(total, second, time.perf_counter() - started)
-    out = [_result(r, a.dtype, empty) for r, a in zip(recvs, arrays)]
+    reduced = [_result(r, a.dtype, empty) for r, a in zip(recvs, arrays)]
     if work != dtype and dtype.kind != "b":
         clock.done("CAST_OUT")
-    return out
+    return reduced
 
 
 def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
@@ -337,9 +341,13 @@ def _on_node_allreduce(reducer: HostAllreduce, sends: List[np.ndarray],
         return
     size = sum(recvs[i].size for i in small)
     send_base = _pool.acquire(work, size)
-    recv_base = _pool.acquire(work, size) if packed is None else None
     packed_send = send_base[:size]
-    packed_recv = packed if recv_base is None else recv_base[:size]
+    recv_base: Optional[np.ndarray] = None
+    if packed is None:
+        recv_base = base = _pool.acquire(work, size)
+        packed_recv = base[:size]
+    else:
+        packed_recv = packed
     np.concatenate([sends[i].reshape(-1) for i in small], out=packed_send)
     first, rest = small[0], set(small[1:])  # the packed array takes the first one's place
     keep = [i for i in range(len(recvs)) if i not in rest]
@@ -418,7 +426,7 @@ def allgather(st: Any, work: Work) -> Any:
 def broadcast(st: Any, work: Work) -> np.ndarray:
     (a,) = work.inputs
     ps = work.process_set
-    root = ps.ranks.index(int(work.request.root))
+    root = ps.ranks.index(work.request.root_rank())
     out = results.empty(a.shape, a.dtype)
     if root == ps.group.rank:
         np.copyto(out, a)
@@ -445,7 +453,7 @@ def reducescatter(st: Any, work: Work) -> Any:
     arrays: List[np.ndarray] = work.inputs
     request, ps = work.request, work.process_set
     comm = ps.group.comm
-    op = ReduceOp(request.op)
+    op = request.reduce_op()
     prescale, postscale = request.scale
     n, me = ps.group.size, ps.group.rank
     wdtypes = [dtypes.reduce_dtype(a.dtype) for a in arrays]
@@ -456,7 +464,7 @@ def reducescatter(st: Any, work: Work) -> Any:
         members = [arrays[i] for i in bucket]
         rows = [scatter_rows(a.shape[0], n) for a in members]
         row_elems = [int(np.prod(a.shape[1:], dtype=np.int64)) for a in members]
-        counts = sum(rw * re for rw, re in zip(rows, row_elems))
+        counts = np.sum([rw * re for rw, re in zip(rows, row_elems)], axis=0)
         wdtype = wdtypes[bucket[0]]
         total = int(sum(a.size for a in members))
         send_base = _pool.acquire(wdtype, total)
@@ -474,8 +482,9 @@ def reducescatter(st: Any, work: Work) -> Any:
         _scale_in_place(recv, op, postscale, n, _half(members[0].dtype, wdtype))
         out_dtypes = [np.dtype(np.uint8) if a.dtype.kind == "b" else a.dtype for a in members]
         shapes = [(int(rw[me]),) + a.shape[1:] for a, rw in zip(members, rows)]
-        for i, a, r in zip(bucket, members, fusion.unpack(recv, shapes, out_dtypes, results.empty)):
-            out[i] = r.view(np.bool_) if a.dtype.kind == "b" else r
+        for i, a, res in zip(bucket, members,
+                             fusion.unpack(recv, shapes, out_dtypes, results.empty)):
+            out[i] = res.view(np.bool_) if a.dtype.kind == "b" else res
         _pool.release(send_base)
         _pool.release(recv_base)
     return out[0] if request.kind == "reducescatter" else out
@@ -488,7 +497,7 @@ def barrier(st: Any, work: Work) -> None:
 def broadcast_object(st: Any, work: Work) -> Any:
     """``work.inputs``: the root's pickled object (None elsewhere); every rank unpickles."""
     ps = work.process_set
-    root = ps.ranks.index(int(work.request.root))
+    root = ps.ranks.index(work.request.root_rank())
     return pickle.loads(st.transport.bcast_object(ps.group.comm, work.inputs, root))
 
 

@@ -14,7 +14,7 @@ into a device fusion buffer that is kept from step to step; one tensor alone is 
 its memory straight into its result.
 """
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -106,7 +106,8 @@ def run_allreduces(st: Any, works: Sequence[Work],
                    trace: Optional[Callable[[List[int], Phases, Dict[str, Any]], None]] = None
                    ) -> None:
     """Run every GPU all-reduce response of a round (see ``execute.run_allreduces``)."""
-    staged, direct = [], []
+    staged: List[Tuple[int, Work, Any, int]] = []
+    direct: List[Tuple[int, Work, Any, int]] = []
     for w, work in enumerate(works):
         device = _device_of(work)
         t = _transport(st, work, device)
@@ -182,17 +183,7 @@ def _on_device(value: Any, work: Work, stream: Any) -> gpu.DeviceResult:
     return result
 
 
-class _StagedWork(NamedTuple):
-    """The host form of a GPU work (see ``_staged``)."""
-
-    request: Request
-    inputs: Any
-    process_set: Any
-    done: Callable[[Any], None]
-    inputs_stream: Any  # where the inputs were copied from, and the results go back on
-
-
-def _staged(work: Work, device: int) -> _StagedWork:
+def _staged(work: Work, device: int) -> Work:
     """The host form of a GPU work: its inputs copied to pinned host memory, its result
     copied back to the GPU before ``work.done`` gets it."""
     cp = gpu.cupy()
@@ -205,7 +196,7 @@ def _staged(work: Work, device: int) -> _StagedWork:
         with cp.cuda.Device(device):
             work.done(_on_device(result, work, stream))
 
-    return _StagedWork(work.request, host, work.process_set, done, stream)
+    return Work(work.request, host, work.process_set, done, stream)
 
 
 # ----------------------------------------------------------------------------- NCCL runners
@@ -266,7 +257,7 @@ def _allreduce_bucket(cp: Any, comm: Any, stream: Any, request: Request, device:
     """All-reduce CuPy arrays of one dtype, op and factors; returns new arrays."""
     dtype = arrays[0].dtype
     work = nccl_transport.reduce_dtype(dtype)
-    op = ReduceOp(request.op)
+    op = request.reduce_op()
     prescale, postscale = request.scale
     wire = dtypes.bool_op(op) if dtype.kind == "b" else op
     native_average = op == ReduceOp.AVERAGE and postscale == 1.0 and work.kind == "f"
@@ -331,7 +322,7 @@ def _allgather(st: Any, work: Work, comm: Any, stream: Any) -> Any:
 def _broadcast(st: Any, work: Work, comm: Any, stream: Any) -> Any:
     (a,) = work.inputs.inputs
     ps = work.process_set
-    root = ps.ranks.index(int(work.request.root))
+    root = ps.ranks.index(work.request.root_rank())
     out = gpu.cupy().empty_like(a)
     if root == comm.rank:
         out[...] = a
@@ -353,7 +344,7 @@ def _reducescatter(st: Any, work: Work, comm: Any, stream: Any) -> Any:
     reduce-scatters the blocks, each rank keeps the rows of its own."""
     cp = gpu.cupy()
     request, n, me = work.request, comm.size, comm.rank
-    op = ReduceOp(request.op)
+    op = request.reduce_op()
     prescale, postscale = request.scale
     outs = []
     for a in work.inputs.inputs:

@@ -47,14 +47,15 @@ from typing import (
     List,
     NamedTuple,
     Optional,
-    Protocol,
     Sequence,
     Set,
     Tuple,
+    cast,
 )
 
 import numpy as np
 
+from ..transport.interface import RoundNet as Net
 from . import deadlock
 from .checks import LocalError, Request, joinable, resolve_or_error
 
@@ -74,16 +75,6 @@ class Flag(enum.IntEnum):
 
 
 _FLAGS = [int(f) for f in Flag]
-
-
-class Net(Protocol):
-    """The collectives a round uses beyond its all-reduce, on every rank alike."""
-
-    def band(self, vector: np.ndarray) -> np.ndarray: ...
-    def min(self, value: int) -> int: ...
-    def bcast(self, obj: object, root: int) -> object: ...
-    def allgather(self, obj: object) -> List[object]: ...
-    def allgather_rows(self, row: np.ndarray) -> np.ndarray: ...
 
 
 class Mine(NamedTuple):
@@ -442,13 +433,13 @@ class Negotiation:
     def _deadlock(self, mine: Mine, net: Net) -> Optional[deadlock.Found]:
         """Every member of some set is blocked past the deadlock time: gather what the blocked
         ranks wait for, then which of those each rank has, and find the ranks blocked for good."""
-        waits = net.allgather((list(mine.waits), mine.joined_round >= 0))
-        keys = sorted({key for w, _ in waits for key, _ in w})  # type: ignore[attr-defined]
+        waits = cast(List[Tuple[List[Tuple[Key, str]], bool]],
+                     net.allgather((list(mine.waits), mine.joined_round >= 0)))
+        keys = sorted({key for w, _ in waits for key, _ in w})
         mask = sum(1 << i for i, key in enumerate(keys) if key in mine.pending)
-        has = net.allgather(mask)
-        return deadlock.find([list(w) for w, _ in waits],  # type: ignore[attr-defined]
-                             [bool(j) for _, j in waits],  # type: ignore[attr-defined]
-                             keys, has, self._members)  # type: ignore[arg-type]
+        has = cast(List[int], net.allgather(mask))
+        return deadlock.find([list(w) for w, _ in waits], [bool(j) for _, j in waits],
+                             keys, has, self._members)
 
     def _is_outside(self, set_id: int) -> bool:
         outside = self._outside.get(set_id)
@@ -461,11 +452,11 @@ class Negotiation:
         if not ready:
             return []
         if ready & (ready - 1) == 0:  # one position: the latency path's round
-            return [self._response[ready.bit_length() - 1]]
+            return cast(List[Response], [self._response[ready.bit_length() - 1]])
         bits = np.unpackbits(np.frombuffer(ready.to_bytes(self.words * 8, "little"), np.uint8),
                              bitorder="little")
-        response = self._response
-        return [response[p] for p in np.flatnonzero(bits).tolist()]
+        response = self._response  # a ready position holds a response
+        return cast(List[Response], [response[p] for p in np.flatnonzero(bits).tolist()])
 
     def _flip(self, set_id: int, position: int) -> None:
         """Set or clear ``position`` in the set's mask (insert sets it, evict clears it)."""

@@ -120,14 +120,10 @@ def rank_file(path: str, rank: int) -> str:
     return f"{root}.rank{rank}{ext}"
 
 
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing this rank's timeline: rank 0 to ``file_path``, rank r > 0 to
-    ``file_path`` with ``.rank<r>`` added before the extension. A timeline already running is
-    closed first. ``mark_cycles`` adds a ``CYCLE_START`` mark for every engine round that ran
-    something."""
+def start(file_path: str, rank: int, mark_cycles: bool = False) -> None:
+    """Start writing this rank's timeline (``hvdlike.start_timeline``, which the runtime
+    defines: it knows the rank)."""
     global current
-    from .. import runtime
-    rank = runtime.state("hvdlike.start_timeline").rank
     if not isinstance(file_path, (str, os.PathLike)) or not str(file_path):
         raise ValueError(f"hvdlike.start_timeline: file_path must be a non-empty path, "
                          f"got {file_path!r}")

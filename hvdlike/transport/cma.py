@@ -77,7 +77,7 @@ def _address(a: np.ndarray) -> int:
     """The address of ``a``'s first byte; through ctypes' buffer view where ``a`` is writable
     (a quarter of the time ``a.ctypes.data`` takes, which shows with hundreds of tensors)."""
     try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))  # type: ignore[arg-type]
     except (TypeError, ValueError):  # read-only, or empty
         return a.ctypes.data
 
@@ -165,12 +165,13 @@ class CrossMemoryAllreduce:
         comm.Allgather(mine, table)
         nxt, prev = (me + 1) % size, (me - 1) % size
         got = np.zeros(1, np.uint64)
-        ok = _CALLS is not None
-        if ok:
+        calls = _CALLS
+        ok = calls is not None
+        if calls is not None:
             pid = int(table[nxt, 0])
             try:
-                _Copier(_CALLS[0])(pid, [(got.ctypes.data, int(table[nxt, 1]), 8)])
-                _Copier(_CALLS[1])(pid, [(token.ctypes.data, int(table[nxt, 2]), 8)])
+                _Copier(calls[0])(pid, [(got.ctypes.data, int(table[nxt, 1]), 8)])
+                _Copier(calls[1])(pid, [(token.ctypes.data, int(table[nxt, 2]), 8)])
             except CopyFailed:
                 ok = False
             ok = ok and got[0] == table[nxt, 3]
@@ -228,8 +229,8 @@ class CrossMemoryAllreduce:
                     if finish is not None:
                         finish(chunk)
                     if len(spans) > 1:  # else chunk is a view of the output
-                        for i, s, e, at in spans:
-                            out.arrays[i][s:e] = chunk[at:at + e - s]
+                        for i, s, stop, at in spans:
+                            out.arrays[i][s:stop] = chunk[at:at + stop - s]
                     self._send(table, out, spans)
                 except Exception as e:  # noqa: BLE001 - reported on every rank below
                     failure = e

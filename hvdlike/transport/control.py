@@ -1,7 +1,7 @@
 """The engine's control communicator: each round's AND all-reduce of the negotiation vector
 (a persistent collective where the MPI has them: MPI-4's ``MPI_Allreduce_init``), and the few
-other collectives a round may need (``negotiation.Net``). Data never moves here: collectives'
-data go over the process sets' communicators."""
+other collectives a round may need (``interface.RoundNet``). Data never moves here:
+collectives' data go over the process sets' communicators."""
 import time
 from typing import Any, List
 
@@ -55,7 +55,7 @@ class Control:
             if comm_failed(self.comm):  # ULFM: a rank died; do not wait on
                 raise MPI.Exception(MPI.ERR_PROC_FAILED)
 
-    # ------------------------------------------------------------------ negotiation.Net
+    # ------------------------------------------------------------------ interface.RoundNet
 
     def band(self, vector: np.ndarray) -> np.ndarray:
         out = np.empty_like(vector)

@@ -79,10 +79,11 @@ class DeviceInput(NamedTuple):
 def as_cupy(x: Any) -> DeviceInput:
     """View a GPU array as a contiguous CuPy array (DLPack, no copy when already contiguous)."""
     cp = cupy()
+    restore: Callable[[Any], Any]
     if isinstance(x, cp.ndarray):
         a, restore = x, _same
     else:
-        a, restore = cp.from_dlpack(x), _restorer(type(x))
+        a, restore = cp.from_dlpack(x), _restorer(type(x))  # type: ignore[arg-type]
     if not a.flags.c_contiguous:
         a = cp.ascontiguousarray(a)
     return DeviceInput(a, restore)

@@ -1,4 +1,5 @@
-"""What the engine asks of an on-node transport, and how one is registered.
+"""What the engine asks of the transports: of an on-node one (and how one is registered), and
+of the rounds' control collectives.
 
 MPI moves every collective on any buffers; an on-node transport all-reduces host arrays faster
 where a process set's members share a node (or, hierarchically, node by node). Each one is a
@@ -7,7 +8,7 @@ in ``transport.group.ON_NODE``, which says how to build it and from how many byt
 may use it; ``transport.group.Group.select`` picks among them by bytes and topology.
 """
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Callable, List, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -58,3 +59,14 @@ class OnNodeTransport:
     # the two in the choice's log, the one tried first first (see ``choice.py``)
     choice_names: tuple = ("", "")
     self_first: bool = False  # the trials start with this transport, not the one below
+
+
+class RoundNet(Protocol):
+    """The collectives an engine round uses beyond its all-reduce, on every rank alike
+    (``control.Control`` implements them over the engine's own communicator)."""
+
+    def band(self, vector: np.ndarray) -> np.ndarray: ...
+    def min(self, value: int) -> int: ...
+    def bcast(self, obj: object, root: int) -> object: ...
+    def allgather(self, obj: object) -> List[object]: ...
+    def allgather_rows(self, row: np.ndarray) -> np.ndarray: ...

@@ -204,10 +204,11 @@ def reduce_scatter(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, counts: n
                             mpi_op(op, send.dtype), root=r)
         return
     nan = _local_nans(comm, send, op)
-    comm.Reduce_scatter(send, recv, counts, mpi_op(op, send.dtype))
+    # (an int array serves as MPI's counts, whatever mpi4py's stubs say)
+    comm.Reduce_scatter(send, recv, counts, mpi_op(op, send.dtype))  # type: ignore[arg-type]
     if nan is not None:
         mine = np.empty(recv.size, np.uint8)
-        comm.Reduce_scatter(nan, mine, counts, MPI.MAX)
+        comm.Reduce_scatter(nan, mine, counts, MPI.MAX)  # type: ignore[arg-type]
         recv.reshape(-1)[mine.view(bool)] = np.nan
 
 

@@ -202,7 +202,7 @@ class SharedMemoryAllreduce:
         self._slots, self._results = [], []
         for r in range(self._size):
             memory, _ = win.Shared_query(r)
-            whole = np.frombuffer(memory, np.uint8)
+            whole = np.frombuffer(memory, np.uint8)  # type: ignore[call-overload]
             self._slots.append(whole[:capacity])
             self._results.append(whole[capacity:capacity + result_bytes])
         self._win, self._capacity = win, capacity
