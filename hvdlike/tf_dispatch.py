@@ -2,7 +2,7 @@
 
 ``accepts_tf_values`` wraps a NumPy collective of ``hvdlike.collectives`` for ``hvdlike``'s
 namespace: a tf.Tensor, tf.Variable, Keras variable or tf.IndexedSlices (or a list of them) goes
-to the function of the same name in ``hvdlike.tensorflow.ops``; anything else takes the NumPy
+to the function of the same name in ``hvdlike.tensorflow``; anything else takes the NumPy
 path. ``pin_gpu`` pins TensorFlow's GPU too when TensorFlow is loaded. TensorFlow is looked up
 in ``sys.modules`` only: if the program has not imported it, no value can be a TensorFlow value.
 """
@@ -34,11 +34,11 @@ def accepts_tf_values(fn: F) -> F:
     @functools.wraps(fn)
     def dispatch(x: Any, *args: Any, **kwargs: Any) -> Any:
         if is_tf_value(x):
-            from .tensorflow import ops
+            from . import tensorflow
 
             arguments = signature.bind(x, *args, **kwargs).arguments
             first = arguments.pop(next(iter(signature.parameters)))
-            return getattr(ops, fn.__name__)(first, **arguments)
+            return getattr(tensorflow, fn.__name__)(first, **arguments)
         return fn(x, *args, **kwargs)
 
     return dispatch  # type: ignore[return-value]

@@ -13,9 +13,13 @@ from hvdlike import (  # noqa: F401
 
 from hvdlike.tensorflow.compression import Compression  # noqa: F401
 from hvdlike.tensorflow.ops import (  # noqa: F401
-    allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast, alltoall,
-    reducescatter, grouped_reducescatter, join, barrier, rank_op, size_op, local_rank_op,
-    local_size_op, process_set_included_op,
+    allreduce, grouped_allreduce, reducescatter, grouped_reducescatter,
+)
+from hvdlike.tensorflow.gather_ops import (  # noqa: F401
+    allgather, grouped_allgather, broadcast, alltoall,
+)
+from hvdlike.tensorflow.control_ops import (  # noqa: F401
+    join, barrier, rank_op, size_op, local_rank_op, local_size_op, process_set_included_op,
 )
 from hvdlike.tensorflow.tape import (  # noqa: F401
     DistributedGradientTape, PartialDistributedGradientTape,

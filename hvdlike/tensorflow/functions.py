@@ -5,11 +5,11 @@ import numpy as np
 import tensorflow as tf
 
 import hvdlike as _core
-from hvdlike.tensorflow import ops as _ops
+from hvdlike.tensorflow import bridge
 
 
 def _fused_broadcast(root_rank, process_set):
-    """Submit function for ``ops._run``: broadcast many arrays, one request per dtype."""
+    """Submit function for ``bridge.run``: broadcast many arrays, one request per dtype."""
     def submit(_op_name, *arrays):
         by_dtype = {}
         for i, a in enumerate(arrays):
@@ -29,7 +29,7 @@ def _fused_broadcast(root_rank, process_set):
                     out[i] = flat[off:off + n].reshape(arrays[i].shape)
                     off += n
             return out
-        return _ops._Wait([handle for _, handle in pending], wait)
+        return bridge.Wait([handle for _, handle in pending], wait)
     return submit
 
 
@@ -71,13 +71,13 @@ def _broadcast_assigns(variables, root_rank, process_set):
         return []
     for v in variables:
         dtype = tf.as_dtype(v.dtype).base_dtype  # a TF1 RefVariable's dtype is e.g. float32_ref
-        if dtype not in _ops._SUPPORTED_DTYPES:
+        if dtype not in bridge.SUPPORTED_DTYPES:
             raise TypeError(f"hvdlike.tensorflow.broadcast_variables: variable "
                             f"{getattr(v, 'name', '?')!r} has dtype {dtype.name},"
                             " which cannot be broadcast; use broadcast_object for it.")
     values = [tf.convert_to_tensor(v) for v in variables]
-    outs = _ops._run("broadcast_variables", _fused_broadcast(root_rank, process_set),
-                     values, [t.dtype for t in values], [t.shape for t in values], process_set)
+    outs = bridge.run("broadcast_variables", _fused_broadcast(root_rank, process_set),
+                      values, [t.dtype for t in values], [t.shape for t in values], process_set)
     return [v.assign(o) for v, o in zip(variables, outs)]
 
 

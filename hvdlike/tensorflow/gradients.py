@@ -19,6 +19,7 @@ from hvdlike import process_sets as _process_sets
 from hvdlike import runtime as _runtime
 from hvdlike.base.log import logger as _logger
 from hvdlike.base.reduce_ops import as_reduce_op
+from hvdlike.tensorflow import bridge, primitives
 from hvdlike.tensorflow import ops as _ops
 from hvdlike.tensorflow.compression import Compression, check_compression
 
@@ -122,7 +123,7 @@ def allreduce_gradients(tensors: List[Any], name: Optional[str],
                 sparse.append(i)
                 continue
             t = tf.convert_to_tensor(t)
-        c, ctx = compression.compress(_ops._to_tensor(t, "allreduce", names[i]))
+        c, ctx = compression.compress(bridge.to_tensor(t, "allreduce", names[i]))
         dense.append(i)
         compressed.append(c)
         contexts.append(ctx)
@@ -131,11 +132,11 @@ def allreduce_gradients(tensors: List[Any], name: Optional[str],
     for run in buckets([_nbytes(c) for c in compressed], cap):
         first = names[dense[run[0]]]
         bucket_name = first if first is None or len(run) == 1 else f"{first}+{len(run) - 1}"
-        submitted.append(_ops.allreduce_submit([compressed[k] for k in run],
-                                               as_reduce_op(op), prescale_factor,
-                                               postscale_factor, bucket_name, process_set))
+        submitted.append(primitives.allreduce_submit([compressed[k] for k in run],
+                                                     as_reduce_op(op), prescale_factor,
+                                                     postscale_factor, bucket_name, process_set))
     if submitted:
-        for i, r, ctx in zip(dense, _ops.allreduce_wait(submitted), contexts):
+        for i, r, ctx in zip(dense, primitives.allreduce_wait(submitted), contexts):
             out[i] = compression.decompress(r, ctx)
     for i in sparse:
         out[i] = _ops.allreduce(tensors[i], name=names[i], process_set=process_set, **kwargs)
@@ -278,7 +279,7 @@ class GradientReducer:
         _process_sets.require_registered(self.process_set, what)
         grads = list(grads)
         if (self.owner != "DistributedGradientTape" and not self._warned_reduced_twice
-                and any(_from_a_tape(g) for g in grads)):
+            and any(_from_a_tape(g) for g in grads)):
             self._warned_reduced_twice = True
             _logger.warning(
                 f"{what} was given gradients that a DistributedGradientTape already reduced: "
@@ -324,7 +325,7 @@ class GradientReducer:
                         [grads[i] for i in part], name, self.process_set,
                         None if variables is None else [variables[i] for i in part], **kwargs)
             except tf.errors.FailedPreconditionError as e:
-                raise _ops.mismatch_error(
+                raise bridge.mismatch_error(
                     f"hvdlike.tensorflow.{self.owner}: the gradients differ across ranks "
                     f"({e.message}). Every rank must produce gradients for the same variables "
                     "with the same shapes: check for gradients that are None on some ranks "

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import Average, Min
-from hvdlike.tensorflow import compat, ops, optimizer_v1
+from hvdlike.tensorflow import compat, control_ops, ops, optimizer_v1
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import GradientReducer, backward_passes, variable_key
 
@@ -124,7 +124,7 @@ class _Keras3Mixin(_DistributedMixin):
             result = None
             self._hvd_accumulate_then_apply(
                 grads, variables, lambda g, v: parent_apply(g, trainable_variables))
-        ops.timeline_step_done(variables)
+        control_ops.timeline_step_done(variables)
         return result
 
 
@@ -174,7 +174,7 @@ class _LegacyMixin(_DistributedMixin):
         else:
             result = self._hvd_accumulate_then_apply(
                 grads, variables, lambda g, v: parent(list(zip(g, v)), *args, **kwargs))
-        ops.timeline_step_done(variables)
+        control_ops.timeline_step_done(variables)
         return result
 
 

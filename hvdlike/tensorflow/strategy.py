@@ -41,7 +41,7 @@ from tensorflow.python.trackable import base as _trackable_base
 
 import hvdlike as _core
 from hvdlike import Sum, global_process_set
-from hvdlike.tensorflow import ops as _ops
+from hvdlike.tensorflow import bridge, gather_ops
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import allreduce_gradients
 
@@ -153,7 +153,7 @@ class MPICrossDeviceOps(tf.distribute.CrossDeviceOps):
                 if ax:
                     perm = [ax] + [i for i in range(rank) if i != ax]
                     local = tf.transpose(local, perm)
-                local = _ops.allgather(local, process_set=self._process_set)
+                local = gather_ops.allgather(local, process_set=self._process_set)
                 if ax:
                     inv = list(np.argsort(perm))
                     local = tf.transpose(local, inv)
@@ -264,8 +264,8 @@ class MPIExtended(_mirrored.MirroredExtended):
                 return value  # restored from a checkpoint: the same file on every rank
             with tf.device(device):
                 value = tf.convert_to_tensor(value, dtype=dtype)
-                if value.dtype in _ops._SUPPORTED_DTYPES:  # pylint: disable=protected-access
-                    value = _ops.broadcast(value, root_rank=0, process_set=process_set)
+                if value.dtype in bridge.SUPPORTED_DTYPES:  # pylint: disable=protected-access
+                    value = gather_ops.broadcast(value, root_rank=0, process_set=process_set)
             return value
 
         return initial_value_fn
@@ -304,7 +304,7 @@ class MPIExtended(_mirrored.MirroredExtended):
 
     def _experimental_distribute_dataset(self, dataset, options):
         if (options and options.experimental_replication_mode
-                == tf.distribute.InputReplicationMode.PER_REPLICA):
+            == tf.distribute.InputReplicationMode.PER_REPLICA):
             raise NotImplementedError("InputReplicationMode.PER_REPLICA is only supported in "
                                       "distribute_datasets_from_function.")
         return _input_util.get_distributed_dataset(
@@ -314,7 +314,7 @@ class MPIExtended(_mirrored.MirroredExtended):
 
     def _distribute_datasets_from_function(self, dataset_fn, options):
         if (options and options.experimental_replication_mode
-                == tf.distribute.InputReplicationMode.PER_REPLICA):
+            == tf.distribute.InputReplicationMode.PER_REPLICA):
             raise NotImplementedError("InputReplicationMode.PER_REPLICA is not supported by "
                                       "hvdlike MPIStrategy.")
         return _input_util.get_distributed_datasets_from_function(
