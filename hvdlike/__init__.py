@@ -43,28 +43,30 @@ from .process_sets import (ProcessSet, add_process_set, comm_process_set_id,
 from .base.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from .engine.timeline import stop_timeline
 from .runtime import start_timeline
-from .runtime import (
-    cross_rank,
+from .runtime.capabilities import (
     ccl_built,
-    cross_size,
     cuda_built,
     ddl_built,
     gloo_built,
     gloo_enabled,
     gpu_available,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+    sycl_built,
+)
+from .runtime import (
+    cross_rank,
+    cross_size,
     init,
     is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
     rank,
-    rocm_built,
     shutdown,
-    sycl_built,
     size,
 )
 

@@ -69,7 +69,7 @@ class _Inputs:
 
 
 def _engine(process_set: ProcessSet, kind: str) -> Any:
-    st = runtime._state
+    st = runtime.current()
     if not isinstance(process_set, ProcessSet):
         process_sets.require_process_set(process_set, f"hvdlike.{kind}()")
     if st is None or process_set.group is None:

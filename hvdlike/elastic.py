@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, TypeVar
 from . import collectives, runtime
 from .base.errors import HostsUpdatedInterrupt, RanksFailedError  # noqa: F401 - Horovod's names
 from .base.log import logger
+from .runtime import shrink
 
 _STATE_FILE = "elastic_state.pkl"
 
@@ -141,7 +142,7 @@ def run(func: _F) -> _F:
         while True:
             try:
                 if reset:
-                    runtime.shrink_after_failure(min_size, max_size)
+                    shrink.shrink_after_failure(min_size, max_size)
                     state.on_reset()
                 state.sync()
                 return func(state, *args, **kwargs)

@@ -106,7 +106,7 @@ def require_registered(process_set: ProcessSet, what: str) -> None:
                          "hvdlike.add_process_set(...) on every rank first")
 
 
-def require_member(process_set: ProcessSet, what: str, why: str) -> "runtime._State":
+def require_member(process_set: ProcessSet, what: str, why: str) -> "runtime.State":
     """The running state, once this rank may use ``process_set``: NotInitializedError before
     ``init``, ValueError naming ``what`` for a set that is not registered or that this rank is
     not in (``why`` says what follows from that)."""
@@ -117,7 +117,7 @@ def require_member(process_set: ProcessSet, what: str, why: str) -> "runtime._St
     return st
 
 
-def _world_ranks(comm: Any, st: "runtime._State") -> Optional[List[int]]:
+def _world_ranks(comm: Any, st: "runtime.State") -> Optional[List[int]]:
     """The members of an mpi4py communicator as ranks of hvdlike's world (None for
     ``MPI.COMM_NULL``: this rank is in no such set)."""
     if comm == st.mpi.COMM_NULL:
@@ -291,7 +291,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return _in_engine(st, unregister)
 
 
-def _bind_next(st: "runtime._State", ps: ProcessSet, ranks: List[int]) -> None:
+def _bind_next(st: "runtime.State", ps: ProcessSet, ranks: List[int]) -> None:
     """Register ``ps`` as the set of ``ranks`` with its communicator and the next id: a
     removed set's, or one past the highest (in the engine, on every rank alike)."""
     member = st.rank in ranks
@@ -300,7 +300,7 @@ def _bind_next(st: "runtime._State", ps: ProcessSet, ranks: List[int]) -> None:
     ps._bind(set_id, ranks, comm if member else None)
 
 
-def _in_engine(st: "runtime._State", change: Any) -> Any:
+def _in_engine(st: "runtime.State", change: Any) -> Any:
     request = Request("process_set", None, None, None)
     return st.engine.submit(request, None, change, global_process_set).synchronize()
 

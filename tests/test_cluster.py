@@ -53,7 +53,7 @@ def test_taking_a_cluster_down_removes_what_its_killed_daemons_left(tmp_path, mo
 def test_hvd_init_on_each_host_removes_what_killed_daemons_left_there(cluster):
     """The first rank on each host cleans that host's leftovers (hvdlike/session_dirs.py), so
     a job under a plain mpirun clears the way for the next one on every host it ran on."""
-    from hvdlike import session_dirs
+    from hvdlike.runtime import session_dirs
     from mpi_harness import launch
     from test_runner import _stale_session
     base = Path(session_dirs.session_base(os.environ))

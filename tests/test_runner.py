@@ -410,7 +410,7 @@ def _stale_session(base: Path, name: str, host: str) -> Path:
 
 
 def test_only_the_session_dirs_of_dead_launchers_of_this_host_are_removed(tmp_path):
-    from hvdlike import session_dirs
+    from hvdlike.runtime import session_dirs
     dead = []
     for _ in range(3):
         p = subprocess.Popen(["true"])
@@ -731,7 +731,8 @@ def _check_build_lines(*args: str) -> dict:
 
 def test_check_build_says_what_this_installation_runs_in_horovods_layout(openmpi):
     import importlib.util
-    from hvdlike import __version__, runtime
+    from hvdlike import __version__
+    from hvdlike.runtime import capabilities
 
     for flag in ("--check-build", "-cb"):  # no -np needed
         lines = _check_build_lines(flag)
@@ -744,7 +745,7 @@ def test_check_build_says_what_this_installation_runs_in_horovods_layout(openmpi
             "MPI": f"Open MPI {version_text(openmpi).split()[3]}, {openmpi}", "Gloo": None}
         ops = lines["Available Tensor Operations"]
         assert ops["MPI"] == lines["Available Controllers"]["MPI"]
-        assert (ops["NCCL"] is not None) == runtime.nccl_built()
+        assert (ops["NCCL"] is not None) == capabilities.nccl_built()
         assert ops["Gloo"] is None and ops["DDL"] is None and ops["CCL"] is None
     done = run_launcher("--version")
     assert done.returncode == 0 and done.stdout.strip() == __version__

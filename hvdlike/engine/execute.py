@@ -206,8 +206,8 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
     if request.op == ReduceOp.ADASUM:
         return _adasum_bucket(st, request, ps, arrays, phases, empty)
     dtype = arrays[0].dtype
-    work, wire, as_is, scale = _plan(dtype, request.op, request.scale, ps.size())
     group = ps.group
+    work, wire, as_is, scale = _plan(dtype, request.op, request.scale, group.size)
     if (as_is and len(arrays) == 1 and phases is None and dtype.kind != "b"
             and arrays[0].nbytes < group.mpi_below):
         out = empty(arrays[0].shape, dtype)  # the latency path: one tensor through MPI
@@ -254,7 +254,7 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
     else:
         recvs = [empty(a.shape, work) for a in arrays]
     started = time.perf_counter()
-    if ps.size() == 1:  # the reduction over one rank is the identity: a copy per tensor
+    if group.size == 1:  # the reduction over one rank is the identity: a copy per tensor
         for send, recv in zip(sends, recvs):
             if send is not recv:
                 np.copyto(recv, send)
@@ -312,7 +312,7 @@ def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
     fusion.pack(arrays, buf, request.scale[0])
     clock.done("MEMCPY_IN_FUSION_BUFFER")
     adasum.allreduce(ps.group.comm, st.transport.sendrecv, buf, scratch[:offset], segments)
-    scale = _scaler(ReduceOp.ADASUM, request.scale[1], ps.size(), _half(dtype, work))
+    scale = _scaler(ReduceOp.ADASUM, request.scale[1], ps.group.size, _half(dtype, work))
     if scale is not None:
         scale(buf)
     clock.done("ADASUM")

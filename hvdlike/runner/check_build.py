@@ -12,13 +12,14 @@ from .mpi_flavor import find_mpirun, parse_flavor, version_text
 def report(mpirun: Optional[str] = None) -> str:
     """The report: frameworks, controllers and tensor operations, each ``[X]`` or ``[ ]``
     with what was found (versions, the MPI launcher) in parentheses."""
-    from .. import __version__, runtime
+    from .. import __version__
+    from ..runtime import capabilities
 
     tensorflow = _version("tensorflow") if importlib.util.find_spec("tensorflow") else None
     if tensorflow and _version("keras"):
         tensorflow += f", Keras {_version('keras')}"
     mpi = _mpi(mpirun)
-    nccl = runtime.nccl_built()
+    nccl = capabilities.nccl_built()
     sections: List[Tuple[str, List[Tuple[str, Optional[str]]]]] = [
         ("Available Frameworks", [("TensorFlow", tensorflow), ("PyTorch", None),
                                   ("MXNet", None)]),

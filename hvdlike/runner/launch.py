@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .. import session_dirs
+from ..runtime import session_dirs
 from . import horovod_flags
 from .abort_watch import OutputWatch
 from .mpi_flavor import Flavor, find_mpirun, parse_flavor, version_text

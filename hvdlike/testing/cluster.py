@@ -26,7 +26,7 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from hvdlike import session_dirs
+from hvdlike.runtime import session_dirs
 
 RUN_DIR = "/run/hvdlike-cluster"
 TOOLS = ("ip", "tc", "unshare", "nsenter", "umount")

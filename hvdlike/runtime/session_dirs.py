@@ -53,7 +53,7 @@ def remove_stale(env: Mapping[str, str], hostname: Optional[str] = None) -> List
     host = hostname or socket.gethostname()
     hosts = {host, host.split(".")[0]}  # PMIx names the host without its domain by default
     base = session_base(env)
-    removed = []
+    removed: List[str] = []
     try:
         entries = list(os.scandir(base))
     except OSError:

@@ -1,4 +1,6 @@
-"""The MPI world hvdlike runs in: init/shutdown, ranks, node topology, abort on failure.
+"""The MPI world hvdlike runs in: init/shutdown, ranks, node topology; how a rank ends on
+failure (``ending``), elastic shrinking (``shrink``), what this build can do
+(``capabilities``).
 
 Topology comes from MPI (``MPI_Comm_split_type(SHARED)``): ranks sharing memory form a node.
 ``HVDLIKE_NODE_NAMES=a,a,b,b`` (one name per world rank) overrides it so that tests can
@@ -7,27 +9,23 @@ simulate several nodes on one machine.
 import atexit
 import dataclasses
 import functools
-import importlib.util
 import numbers
 import os
 import sys
-import time
 from types import ModuleType
 from typing import Any, List, Optional, Sequence
 
-from . import process_sets as _ps
-from . import session_dirs
+from .. import process_sets as _ps
+from . import ending, session_dirs
 from .abort_notice import AbortNotice
-from .base import log
-from .base.errors import NotInitializedError
-from .base.settings import Settings, with_horovod_names
-from .engine import timeline
-
-_QUIET_ABORT_DELAY = 3.0  # seconds
+from ..base import log
+from ..base.errors import NotInitializedError
+from ..base.settings import Settings, with_horovod_names
+from ..engine import timeline
 
 
 @dataclasses.dataclass
-class _State:
+class State:
     settings: Settings
     mpi: ModuleType  # mpi4py.MPI
     transport: ModuleType  # hvdlike.transport.mpi
@@ -55,11 +53,11 @@ class _State:
                 and all(self.node_of_rank[r] == r - r % n for r in range(self.size)))
 
 
-_state: Optional[_State] = None
+_state: Optional[State] = None
 _atexit_registered: List[bool] = []
 
 
-def state(what: str = "this call") -> _State:
+def state(what: str = "this call") -> State:
     """The running state, or NotInitializedError naming ``what`` was called too early."""
     if _state is None:
         raise NotInitializedError(
@@ -86,7 +84,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     if _state is not None:
         return
     settings = Settings.from_env()
-    from .transport import mpi as transport  # initializes MPI
+    from ..transport import mpi as transport  # initializes MPI
 
     MPI = transport.MPI
     joined = _join_parents(MPI) if comm is None else None
@@ -118,7 +116,7 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     if local_rank == 0:  # once per node: what killed launchers left would stop later jobs
         session_dirs.remove_stale_from_rank(os.environ)
     local_sizes = [node_of_rank.count(node) for node in set(node_of_rank)]
-    _state = _State(
+    _state = State(
         settings=settings, mpi=MPI, transport=transport, world=world, rank=rank, size=size,
         local_comm=local_comm, local_rank=local_rank, local_size=local_size,
         cross_comm=cross_comm, cross_rank=cross_comm.Get_rank(),
@@ -126,18 +124,18 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
         node_of_rank=node_of_rank,
     )
     _ps.global_process_set._bind(0, list(range(size)), world)
-    from .engine.engine import Engine
-    _state.engine = Engine(_state, _ps._registry, finalize_with_deadline_at_exit)
+    from ..engine.engine import Engine
+    _state.engine = Engine(_state, _ps._registry, ending.finalize_with_deadline_at_exit)
     if settings.timeline:
         start_timeline(settings.timeline, settings.timeline_mark_cycles)
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered.append(True)
-    if size > 1 and _ulfm():  # every rank alike, whatever its abort_on_exception
+    if size > 1 and ending.ulfm():  # every rank alike, whatever its abort_on_exception
         _state.abort_notice = AbortNotice(MPI, world)
     abort = settings.abort_on_exception if abort_on_exception is None else abort_on_exception
     if abort and size > 1:
-        _install_abort_hook(_state)
+        ending.install_abort_hook(_state)
     try:
         if process_sets:
             _ps.register_at_init(process_sets)
@@ -164,7 +162,7 @@ def _join_parents(MPI: ModuleType) -> Optional[Any]:
     _replacement.append(True)
     merged = parents.Merge(high=True)
     parents.Free()  # Open MPI crashes in MPI_Finalize while a spawn's communicators live
-    finalize_with_deadline_at_exit()
+    ending.finalize_with_deadline_at_exit()
     return merged
 
 
@@ -218,7 +216,7 @@ def group_of(ranks: Sequence[int], comm: Any) -> Any:
     over this node's ranks and then across nodes when it is hierarchical, none otherwise (see
     ``_on_node_layout``). Collective over the set."""
     st = state()
-    from .transport.group import Group
+    from ..transport.group import Group
     layout = _on_node_layout(ranks)
     node = None if layout is None else (comm, None) if layout == "node" else (
         st.local_comm, st.cross_comm)
@@ -252,118 +250,12 @@ def _comm_of_ranks(MPI: Any, ranks: List[Any]) -> Any:
     return sub
 
 
-def _install_abort_hook(st: _State) -> None:
-    previous = sys.excepthook
-    # after an elastic reset MPI_COMM_WORLD holds dead ranks (a replacement: only itself)
-    world = st.world if _finalize_registered else st.mpi.COMM_WORLD
-
-    def abort_job(etype: Any, value: Any, tb: Any) -> None:
-        if getattr(value, "hvdlike_quiet", False):
-            # Raised on every rank of a collective; the set's first rank prints it and aborts.
-            # Abort here too after a grace period, in case that rank is not going to.
-            time.sleep(_QUIET_ABORT_DELAY)
-            _abort(world, st.rank)
-        previous(etype, value, tb)
-        sys.stderr.write(
-            f"hvdlike: rank {st.rank} of {st.size} raised an uncaught {etype.__name__}; "
-            "ending the whole job (MPI_Abort) so the other ranks do not hang "
-            "(opt out: hvdlike.init(abort_on_exception=False) or HVDLIKE_ABORT_ON_EXCEPTION=0)\n")
-        sys.stderr.flush()
-        sys.stdout.flush()
-        if st.abort_notice is not None:  # ULFM: so that elastic.run does not recover from it
-            st.abort_notice.send()
-        if st.engine is not None and st.engine.failure is not None:
-            # Ranks died under ULFM: Open MPI 5's prterun deadlocked now and then when the
-            # survivors called MPI_Abort, so exit instead; the first exit ends the job. A rank
-            # that could not learn which ranks died (engine.failures.failed_ranks) waits a moment, so
-            # that one that could is heard first.
-            if not st.engine.failure.failed:
-                time.sleep(1.0)
-            os._exit(1)
-        _abort(world, st.rank)
-
-    st.previous_excepthook = previous
-    sys.excepthook = abort_job
-
-
-def _abort(world: Any, rank: int) -> None:
-    """MPI_Abort, with a way out if it does not return. Under ULFM (``--with-ft ulfm``) Open
-    MPI 5's prterun deadlocked about half the time when two ranks called MPI_Abort in the same
-    millisecond (every rank raising the same error), with every rank gone; 10 ms apart it never
-    did in our runs. So there the ranks abort in rank order, 20 ms apart (at most 1.3 s late):
-    the first abort ends the job before the next one starts."""
-    if _ulfm():
-        time.sleep(0.02 * min(rank, 64))
-    _exit_soon()
-    world.Abort(1)
-
-
-_finalize_registered: List[bool] = []
-
-
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start writing this rank's timeline: rank 0 to ``file_path``, rank r > 0 to
     ``file_path`` with ``.rank<r>`` added before the extension. A timeline already running is
     closed first. ``mark_cycles`` adds a ``CYCLE_START`` mark for every engine round that ran
     something."""
     timeline.start(file_path, state("hvdlike.start_timeline").rank, mark_cycles)
-
-
-def finalize_with_deadline_at_exit() -> None:
-    """Once ranks have died under ULFM: at exit, shut down and finalize MPI with a deadline
-    (``_finalize_with_deadline``), whether or not an elastic reset follows. A script that
-    catches the error itself and returns otherwise ended in mpi4py's MPI_Finalize, which
-    now and then never returned (1 job in about 16 here)."""
-    if not _finalize_registered:
-        atexit.register(_finalize_with_deadline)
-        _finalize_registered.append(True)
-
-
-def _finalize_with_deadline(seconds: float = 10.0) -> None:
-    """At exit of a rank that saw ranks die (or was started in place of one): shut hvdlike
-    down, then MPI_Finalize, leaving after ``seconds`` if it has not returned. Open MPI 5's
-    finalize waits on a fence with every process of the job, and after a death it now and
-    then never returns; the status is then 1 if an uncaught exception ended the program,
-    else 0. The deadline covers hvdlike's shutdown too (it frees communicators of the
-    world)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    status = 1 if hasattr(sys, "last_type") else 0
-    _exit_soon(seconds, status, "MPI_Finalize after ranks died")
-    shutdown()
-    from mpi4py import MPI
-    if not MPI.Is_finalized():
-        _finalize_without_gil(MPI)
-
-
-def _finalize_without_gil(mpi: Any) -> None:
-    """MPI_Finalize through ctypes, which lets go of the GIL while it runs: mpi4py's Finalize
-    keeps it, and the deadline's timer thread could then never run."""
-    import ctypes
-    try:
-        with open("/proc/self/maps") as maps:  # Linux: where the MPI library was loaded from
-            paths = [line.split()[-1] for line in maps if "/libmpi.so" in line]
-    except OSError:
-        paths = []
-    if not paths:
-        mpi.Finalize()
-        return
-    ctypes.CDLL(paths[0]).MPI_Finalize()
-
-
-def _exit_soon(seconds: float = 3.0, status: int = 1, what: str = "MPI_Abort") -> None:
-    """Exit with ``status`` after ``seconds`` in case MPI does not end or return (MPI_Abort
-    or MPI_Finalize under ULFM once ranks have died), saying so on stderr."""
-    import threading
-
-    def leave() -> None:
-        os.write(2, f"hvdlike: {what} had not returned after {seconds:g} s; this rank exits "
-                    f"with status {status}\n".encode())
-        os._exit(status)
-
-    timer = threading.Timer(seconds, leave)
-    timer.daemon = True
-    timer.start()
 
 
 def shutdown() -> None:
@@ -391,6 +283,19 @@ def is_initialized() -> bool:
     return _state is not None
 
 
+def current() -> Optional[State]:
+    """The running world's state, or None before ``init`` (and after ``shutdown``)."""
+    return _state
+
+
+def forget_world() -> None:
+    """Forget the world and its process sets without freeing them (ranks died: freeing is
+    collective over them); ``runtime.shrink`` then starts a new one."""
+    global _state
+    _ps._drop_all()
+    _state = None
+
+
 def failure() -> Optional[Exception]:
     """The RanksFailedError of this world when ranks died under ULFM, else None."""
     return None if _state is None else _state.engine.failure
@@ -402,95 +307,6 @@ def ended_by() -> Optional[int]:
     if _state is None or _state.abort_notice is None:
         return None
     return _state.abort_notice.sender()
-
-
-def _ulfm() -> bool:
-    """Whether the job runs with ULFM (``--with-ft ulfm``: a dead rank does not end it)."""
-    return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes")
-
-
-def shrink_after_failure(min_size: int = 1, max_size: int = 0) -> List[int]:
-    """After ranks died (``failure()`` is set): build a new world of the survivors and start
-    hvdlike on it. Collective over the survivors. Returns the old world ranks that died.
-
-    With ``max_size``, new processes (the same command line, ``MPI_Comm_spawn``) replace the
-    dead up to ``min(max_size, old size)`` ranks; they join after the survivors. When MPI
-    cannot start them (no free slots) the survivors go on alone. The old world's
-    communicators are revoked; nothing is freed together on them (a dead rank cannot take
-    part). Process sets other than the global one are dropped: register them again, with the
-    new ranks, in a reset callback. Raises RuntimeError on every rank when fewer than
-    ``min_size`` ranks are left.
-    """
-    global _state
-    st = state("hvdlike.elastic reset")
-    error = st.engine.failure
-    if error is None:
-        raise RuntimeError("hvdlike: no ranks have failed; there is nothing to recover from")
-    log.logger.debug("elastic: stopping the failed engine")
-    st.engine.stop()
-    timeline.stop_timeline()
-    log.logger.debug("elastic: shrinking the world")
-    survivors = st.world.Shrink()
-    log.logger.debug(f"elastic: shrunk to {survivors.Get_size()} ranks")
-    _ps._drop_all()
-    if st.previous_excepthook is not None:
-        sys.excepthook = st.previous_excepthook
-    old_rank, old_size = st.rank, st.size
-    _state = None
-    finalize_with_deadline_at_exit()
-    kept = survivors.allgather(old_rank)
-    failed = sorted(set(range(old_size)) - set(kept))
-    error.failed[:] = failed
-    world = survivors
-    wanted = min(max_size, old_size) - len(kept)
-    if wanted > 0 and len(kept) + wanted >= min_size:  # else the job ends below: start none
-        world = _spawn_replacements(st.mpi, survivors, wanted)
-    try:
-        init(comm=world)
-    finally:
-        if world is not survivors:
-            world.Free()
-        survivors.Free()
-    new = state()
-    if new.rank == 0:
-        k = len(kept)
-        joined = {0: "", 1: f", and a new rank joined as rank {k}"}.get(
-            new.size - k, f", and {new.size - k} new ranks joined as ranks {k}..{new.size - 1}")
-        log.logger.warning(f"elastic: ranks {failed} of {old_size} died; {k} ranks go on, "
-                           f"renumbered 0..{k - 1} in their old order{joined}")
-    log.logger.info(f"elastic: this rank was {old_rank} and is now {new.rank}")
-    if new.size < min_size:
-        too_few = RuntimeError(
-            f"hvdlike.elastic: only {new.size} ranks are left after ranks {failed} died, "
-            f"fewer than the minimum of {min_size} (hvdlikerun --min-np); the job ends")
-        # rank 0 says it
-        too_few.hvdlike_quiet = new.rank != 0  # type: ignore[attr-defined]
-        raise too_few
-    return failed
-
-
-def _spawn_replacements(MPI: ModuleType, survivors: Any, count: int) -> Any:
-    """Start ``count`` processes running this program (collective over the survivors); the
-    world of survivors and new processes, or ``survivors`` when MPI could not start them."""
-    info = MPI.Info.Create()
-    info.Set("wdir", os.getcwd())
-    try:
-        # the interpreter's own arguments (``-m module``, ``-u``) where Python keeps them (3.10+)
-        args = getattr(sys, "orig_argv", [sys.executable, *sys.argv])[1:]
-        spawned = survivors.Spawn(sys.executable, args, maxprocs=count, root=0, info=info)
-    except MPI.Exception as exc:
-        if survivors.Get_rank() == 0:
-            what = "a new rank" if count == 1 else f"{count} new ranks"
-            log.logger.warning(
-                f"elastic: could not start {what} in place of the dead ({exc}); going on with "
-                "the survivors. MPI needs free slots for them: give the job more slots than "
-                "-np (e.g. -H host:N, a hostfile, a larger allocation) or --oversubscribe")
-        return survivors
-    finally:
-        info.Free()
-    merged = spawned.Merge(high=False)
-    spawned.Free()  # Open MPI crashes in MPI_Finalize while a spawn's communicators live
-    return merged
 
 
 def rank() -> int:
@@ -528,67 +344,3 @@ def is_homogeneous() -> bool:
     return state("hvdlike.is_homogeneous()").homogeneous
 
 
-def mpi_threads_supported() -> bool:
-    """True when MPI runs with MPI_THREAD_MULTIPLE."""
-    st = state("hvdlike.mpi_threads_supported()")
-    return st.mpi.Query_thread() == st.mpi.THREAD_MULTIPLE
-
-
-def mpi_enabled() -> bool:
-    """True once hvdlike runs on MPI (always, after init)."""
-    return _state is not None
-
-
-def mpi_built() -> bool:
-    """True when mpi4py is installed."""
-    return importlib.util.find_spec("mpi4py") is not None
-
-
-def nccl_built() -> bool:
-    """True when CuPy and its NCCL library load, so GPU arrays can travel through NCCL."""
-    from .transport import gpu
-
-    return gpu.nccl_available()
-
-
-def cuda_built() -> bool:
-    """True when CuPy loads and sees a GPU (GPU arrays can be passed to collectives)."""
-    from .transport import gpu
-
-    return gpu.cuda_available()
-
-
-def gpu_available(ext_base_name: str = "tensorflow", verbose: bool = False) -> bool:
-    """Horovod's ``gpu_available``: whether GPU arrays can be reduced here (``cuda_built``);
-    ``ext_base_name`` and ``verbose`` are accepted for Horovod's signature."""
-    return cuda_built()
-
-
-def ccl_built() -> bool:
-    """Always False: hvdlike has no oneCCL path."""
-    return False
-
-
-def ddl_built() -> bool:
-    """Always False: hvdlike has no IBM DDL path."""
-    return False
-
-
-def rocm_built() -> bool:
-    """Always False: hvdlike's GPU path is CUDA (CuPy, NCCL)."""
-    return False
-
-
-def sycl_built() -> bool:
-    """Always False: hvdlike has no SYCL (Intel GPU) path."""
-    return False
-
-
-def gloo_enabled() -> bool:
-    """Always False: hvdlike runs on MPI only."""
-    return False
-
-
-def gloo_built() -> bool:
-    """Always False: hvdlike has no Gloo controller."""
-    return False

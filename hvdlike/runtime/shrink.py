@@ -1,0 +1,93 @@
+"""Elastic training on plain MPI (ULFM): after ranks died, the survivors build a new world,
+with new processes in place of the dead where MPI can start them, and start hvdlike on it."""
+import os
+import sys
+from types import ModuleType
+from typing import Any, List
+
+from ..base import log
+from ..engine import timeline
+from . import forget_world, init, state
+from .ending import finalize_with_deadline_at_exit
+
+
+def shrink_after_failure(min_size: int = 1, max_size: int = 0) -> List[int]:
+    """After ranks died (``failure()`` is set): build a new world of the survivors and start
+    hvdlike on it. Collective over the survivors. Returns the old world ranks that died.
+
+    With ``max_size``, new processes (the same command line, ``MPI_Comm_spawn``) replace the
+    dead up to ``min(max_size, old size)`` ranks; they join after the survivors. When MPI
+    cannot start them (no free slots) the survivors go on alone. The old world's
+    communicators are revoked; nothing is freed together on them (a dead rank cannot take
+    part). Process sets other than the global one are dropped: register them again, with the
+    new ranks, in a reset callback. Raises RuntimeError on every rank when fewer than
+    ``min_size`` ranks are left.
+    """
+    st = state("hvdlike.elastic reset")
+    error = st.engine.failure
+    if error is None:
+        raise RuntimeError("hvdlike: no ranks have failed; there is nothing to recover from")
+    log.logger.debug("elastic: stopping the failed engine")
+    st.engine.stop()
+    timeline.stop_timeline()
+    log.logger.debug("elastic: shrinking the world")
+    survivors = st.world.Shrink()
+    log.logger.debug(f"elastic: shrunk to {survivors.Get_size()} ranks")
+    if st.previous_excepthook is not None:
+        sys.excepthook = st.previous_excepthook
+    old_rank, old_size = st.rank, st.size
+    forget_world()
+    finalize_with_deadline_at_exit()
+    kept = survivors.allgather(old_rank)
+    failed = sorted(set(range(old_size)) - set(kept))
+    error.failed[:] = failed
+    world = survivors
+    wanted = min(max_size, old_size) - len(kept)
+    if wanted > 0 and len(kept) + wanted >= min_size:  # else the job ends below: start none
+        world = _spawn_replacements(st.mpi, survivors, wanted)
+    try:
+        init(comm=world)
+    finally:
+        if world is not survivors:
+            world.Free()
+        survivors.Free()
+    new = state()
+    if new.rank == 0:
+        k = len(kept)
+        joined = {0: "", 1: f", and a new rank joined as rank {k}"}.get(
+            new.size - k, f", and {new.size - k} new ranks joined as ranks {k}..{new.size - 1}")
+        log.logger.warning(f"elastic: ranks {failed} of {old_size} died; {k} ranks go on, "
+                           f"renumbered 0..{k - 1} in their old order{joined}")
+    log.logger.info(f"elastic: this rank was {old_rank} and is now {new.rank}")
+    if new.size < min_size:
+        too_few = RuntimeError(
+            f"hvdlike.elastic: only {new.size} ranks are left after ranks {failed} died, "
+            f"fewer than the minimum of {min_size} (hvdlikerun --min-np); the job ends")
+        # rank 0 says it
+        too_few.hvdlike_quiet = new.rank != 0  # type: ignore[attr-defined]
+        raise too_few
+    return failed
+
+
+def _spawn_replacements(MPI: ModuleType, survivors: Any, count: int) -> Any:
+    """Start ``count`` processes running this program (collective over the survivors); the
+    world of survivors and new processes, or ``survivors`` when MPI could not start them."""
+    info = MPI.Info.Create()
+    info.Set("wdir", os.getcwd())
+    try:
+        # the interpreter's own arguments (``-m module``, ``-u``) where Python keeps them (3.10+)
+        args = getattr(sys, "orig_argv", [sys.executable, *sys.argv])[1:]
+        spawned = survivors.Spawn(sys.executable, args, maxprocs=count, root=0, info=info)
+    except MPI.Exception as exc:
+        if survivors.Get_rank() == 0:
+            what = "a new rank" if count == 1 else f"{count} new ranks"
+            log.logger.warning(
+                f"elastic: could not start {what} in place of the dead ({exc}); going on with "
+                "the survivors. MPI needs free slots for them: give the job more slots than "
+                "-np (e.g. -H host:N, a hostfile, a larger allocation) or --oversubscribe")
+        return survivors
+    finally:
+        info.Free()
+    merged = spawned.Merge(high=False)
+    spawned.Free()  # Open MPI crashes in MPI_Finalize while a spawn's communicators live
+    return merged
