@@ -42,7 +42,6 @@ All ranks must get the same arguments. Targets checked (they are defined at np=2
 """
 import argparse
 import datetime
-import json
 import os
 import platform
 import re
@@ -56,6 +55,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdlike as hvd
+from bench_output import figure, markdown_table, write_json
 
 try:
     import resource
@@ -257,7 +257,7 @@ def table(rows: List[Dict], primary: str, secondary: Optional[str]) -> str:
             "raw algbw GB/s", "ratio"]
     if secondary:
         head += [f"hvd {secondary} time", f"{secondary} ratio"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines = []
     for r in rows:
         p, raw = r["hvdlike"][primary], r["raw"]
         cells = [human(r["bytes"]), fmt_time(p["time_s"]), fmt_bw(p["algbw_Bps"]),
@@ -266,8 +266,8 @@ def table(rows: List[Dict], primary: str, secondary: Optional[str]) -> str:
         if secondary:
             s = r["hvdlike"][secondary]
             cells += [fmt_time(s["time_s"]), f"{r['ratio'][secondary]:.3f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return markdown_table(head, lines)
 
 
 def async_submit(comm: MPI.Comm, repeats: int = 30) -> Dict:
@@ -360,71 +360,65 @@ def targets_text(t: Dict) -> str:
 
 def plot(rows: List[Dict], primary: str, secondary: Optional[str], meta: Dict,
          path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     x = [r["bytes"] for r in rows]
     labels = [human(b).replace(" ", "") for b in x]
-    fig, (ax, axr) = plt.subplots(2, 1, figsize=(8, 7.5), sharex=True,
-                                  gridspec_kw={"height_ratios": [2.2, 1]})
-    ax.plot(x, [r["raw"]["algbw_Bps"] / 1e9 for r in rows], "o-", color="tab:gray", lw=2,
-            label="raw mpi4py comm.Allreduce (SUM)")
-    ax.plot(x, [r["hvdlike"][primary]["algbw_Bps"] / 1e9 for r in rows], "s-",
-            color="tab:blue", lw=2, label=f"hvdlike.allreduce (op={primary.title()})")
-    if secondary:
-        ax.plot(x, [r["hvdlike"][secondary]["algbw_Bps"] / 1e9 for r in rows], "^--",
-                color="tab:orange", lw=1.2, ms=5,
-                label=f"hvdlike.allreduce (op={secondary.title()})")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(FuncFormatter(
-        lambda v, _: f"{v:g}" if f"{v:.1e}"[0] in "25" else ""))
-    ax.tick_params(axis="y", which="minor", labelsize=8)
-    ax.set_ylabel("algbw (GB/s) = bytes / time")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
-    notes = [f"{k}={v}" for k, v in meta.get("env", {}).items()
-             if k.startswith(("HVDLIKE_", "GLIBC_TUNABLES", "MALLOC_"))]
-    ax.set_title(f"All-reduce float32, np={meta['np']}, {meta['host']}\n"
-                 f"{meta['mpi_library_short']}, mpi4py {meta['mpi4py_version']}, "
-                 f"{meta['date'][:10]}" + ("\n" + ", ".join(notes) if notes else ""),
-                 fontsize=9 if notes else 10)
+    with figure(path, 2, 1, figsize=(8, 7.5), sharex=True,
+                gridspec_kw={"height_ratios": [2.2, 1]}, dpi=120) as (fig, (ax, axr)):
+        ax.plot(x, [r["raw"]["algbw_Bps"] / 1e9 for r in rows], "o-", color="tab:gray", lw=2,
+                label="raw mpi4py comm.Allreduce (SUM)")
+        ax.plot(x, [r["hvdlike"][primary]["algbw_Bps"] / 1e9 for r in rows], "s-",
+                color="tab:blue", lw=2, label=f"hvdlike.allreduce (op={primary.title()})")
+        if secondary:
+            ax.plot(x, [r["hvdlike"][secondary]["algbw_Bps"] / 1e9 for r in rows], "^--",
+                    color="tab:orange", lw=1.2, ms=5,
+                    label=f"hvdlike.allreduce (op={secondary.title()})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(
+            lambda v, _: f"{v:g}" if f"{v:.1e}"[0] in "25" else ""))
+        ax.tick_params(axis="y", which="minor", labelsize=8)
+        ax.set_ylabel("algbw (GB/s) = bytes / time")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(loc="lower right")
+        notes = [f"{k}={v}" for k, v in meta.get("env", {}).items()
+                 if k.startswith(("HVDLIKE_", "GLIBC_TUNABLES", "MALLOC_"))]
+        ax.set_title(f"All-reduce float32, np={meta['np']}, {meta['host']}\n"
+                     f"{meta['mpi_library_short']}, mpi4py {meta['mpi4py_version']}, "
+                     f"{meta['date'][:10]}" + ("\n" + ", ".join(notes) if notes else ""),
+                     fontsize=9 if notes else 10)
 
-    axr.axhline(1.0, color="black", lw=0.8)
-    axr.axhline(TARGET_BIG_RATIO, color="tab:red", lw=1, ls=":",
-                label=f"target {TARGET_BIG_RATIO} (>= 1 MiB)")
-    axr.axvspan(TARGET_BIG_BYTES / 1.4, max(x) * 1.4, color="tab:red", alpha=0.06)
-    ratios = [r["ratio"][primary] for r in rows]
-    axr.plot(x, ratios, "s-", color="tab:blue", lw=2, label=f"hvdlike {primary.title()} / raw")
-    for xi, ri in zip(x, ratios):
-        axr.annotate(f"{ri:.2f}", (xi, ri), textcoords="offset points", xytext=(0, 7),
-                     ha="center", fontsize=7, color="tab:blue",
-                     bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
-    if TARGET_SMALL_BYTES in x:
-        axr.plot([TARGET_SMALL_BYTES], [1 / TARGET_SMALL_FACTOR], marker="_", ms=18, mew=2,
-                 color="tab:red", ls="none",
-                 label=f"target 1 KiB: >= {1 / TARGET_SMALL_FACTOR:g} (<= "
-                       f"{TARGET_SMALL_FACTOR:g}x raw latency)")
-    if secondary:
-        axr.plot(x, [r["ratio"][secondary] for r in rows], "^--", color="tab:orange", lw=1.2,
-                 ms=5, label=f"hvdlike {secondary.title()} / raw")
-    axr.set_ylabel("throughput ratio\nhvdlike / raw")
-    top = max(1.45, max(max(r["ratio"].values()) for r in rows) * 1.15)
-    axr.set_ylim(0, top)
-    axr.grid(True, alpha=0.3)
-    axr.legend(loc="upper left", fontsize=7, ncol=2)
-    axr.set_xscale("log", base=2)
-    axr.xaxis.set_major_locator(FixedLocator(x))
-    axr.xaxis.set_minor_locator(NullLocator())
-    axr.set_xticklabels(labels)
-    axr.set_xlabel("message size (float32 array, bytes)")
-    axr.set_xlim(min(x) / 1.4, max(x) * 1.4)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        axr.axhline(1.0, color="black", lw=0.8)
+        axr.axhline(TARGET_BIG_RATIO, color="tab:red", lw=1, ls=":",
+                    label=f"target {TARGET_BIG_RATIO} (>= 1 MiB)")
+        axr.axvspan(TARGET_BIG_BYTES / 1.4, max(x) * 1.4, color="tab:red", alpha=0.06)
+        ratios = [r["ratio"][primary] for r in rows]
+        axr.plot(x, ratios, "s-", color="tab:blue", lw=2, label=f"hvdlike {primary.title()} / raw")
+        for xi, ri in zip(x, ratios):
+            axr.annotate(f"{ri:.2f}", (xi, ri), textcoords="offset points", xytext=(0, 7),
+                         ha="center", fontsize=7, color="tab:blue",
+                         bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
+        if TARGET_SMALL_BYTES in x:
+            axr.plot([TARGET_SMALL_BYTES], [1 / TARGET_SMALL_FACTOR], marker="_", ms=18, mew=2,
+                     color="tab:red", ls="none",
+                     label=f"target 1 KiB: >= {1 / TARGET_SMALL_FACTOR:g} (<= "
+                           f"{TARGET_SMALL_FACTOR:g}x raw latency)")
+        if secondary:
+            axr.plot(x, [r["ratio"][secondary] for r in rows], "^--", color="tab:orange", lw=1.2,
+                     ms=5, label=f"hvdlike {secondary.title()} / raw")
+        axr.set_ylabel("throughput ratio\nhvdlike / raw")
+        top = max(1.45, max(max(r["ratio"].values()) for r in rows) * 1.15)
+        axr.set_ylim(0, top)
+        axr.grid(True, alpha=0.3)
+        axr.legend(loc="upper left", fontsize=7, ncol=2)
+        axr.set_xscale("log", base=2)
+        axr.xaxis.set_major_locator(FixedLocator(x))
+        axr.xaxis.set_minor_locator(NullLocator())
+        axr.set_xticklabels(labels)
+        axr.set_xlabel("message size (float32 array, bytes)")
+        axr.set_xlim(min(x) / 1.4, max(x) * 1.4)
 
 
 def metadata(comm: MPI.Comm, args: argparse.Namespace) -> Dict:
@@ -542,8 +536,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.makedirs(out_dir, exist_ok=True)
         result = {"metadata": meta, "results": rows, "targets": targets,
                   "table_markdown": table(rows, primary, secondary)}
-        with open(args.out + ".json", "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.out + ".json", result)
         written = [args.out + ".json"]
         if not args.no_plot:
             plot(rows, primary, secondary, meta, args.out + ".png")

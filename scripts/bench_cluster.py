@@ -40,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
+from bench_output import figure
 
 REPO = Path(__file__).resolve().parents[1]
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -247,35 +248,31 @@ def table(results: List[Dict[str, Any]]) -> str:
 
 
 def plot(results: List[Dict[str, Any]], links: List[str], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(links), figsize=(5 * len(links), 4), squeeze=False)
-    for ax, link in zip(axes[0], links):
-        lines: Dict[str, List[Any]] = {}
-        for r in results:
-            if r["link"] != link:
-                continue
-            name = (f"raw MPI, {r['layout']}" if r["series"] == "raw"
-                    else f"hvdlike {r['algorithm']}, {r['layout']}")
-            if r["series"] == "raw" and r["algorithm"] != "flat":
-                continue  # one raw line per layout (from the flat job)
-            lines.setdefault(name, []).append((r["bytes"], r["of_bound"]))
-        for name, points in sorted(lines.items()):
-            xs, ys = zip(*sorted(points))
-            ax.plot(xs, ys, marker="o", ms=3, label=name,
-                    linestyle="--" if name.startswith("raw") else "-")
-        rate = next(r["line_rate"] for r in results if r["link"] == link)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("all-reduce size (bytes)")
-        ax.set_ylabel("fraction of the bandwidth-optimal bound")
-        ax.set_title(f"2 test hosts, link {link} ({rate / 2**20:.0f} MiB/s measured)")
-        ax.set_ylim(0, 1.1)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with figure(path, 1, len(links), figsize=(5 * len(links), 4), squeeze=False,
+                dpi=110) as (fig, axes):
+        for ax, link in zip(axes[0], links):
+            lines: Dict[str, List[Any]] = {}
+            for r in results:
+                if r["link"] != link:
+                    continue
+                name = (f"raw MPI, {r['layout']}" if r["series"] == "raw"
+                        else f"hvdlike {r['algorithm']}, {r['layout']}")
+                if r["series"] == "raw" and r["algorithm"] != "flat":
+                    continue  # one raw line per layout (from the flat job)
+                lines.setdefault(name, []).append((r["bytes"], r["of_bound"]))
+            for name, points in sorted(lines.items()):
+                xs, ys = zip(*sorted(points))
+                ax.plot(xs, ys, marker="o", ms=3, label=name,
+                        linestyle="--" if name.startswith("raw") else "-")
+            rate = next(r["line_rate"] for r in results if r["link"] == link)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("all-reduce size (bytes)")
+            ax.set_ylabel("fraction of the bandwidth-optimal bound")
+            ax.set_title(f"2 test hosts, link {link} ({rate / 2**20:.0f} MiB/s measured)")
+            ax.set_ylim(0, 1.1)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
 
 
 def measure(args: argparse.Namespace, links: List[str], sizes: List[int],

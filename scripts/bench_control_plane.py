@@ -45,7 +45,6 @@ request, the same at any P).
 """
 import argparse
 import importlib.util
-import json
 import math
 import os
 import pickle
@@ -65,6 +64,7 @@ from hvdlike.engine.checks import Request  # noqa: E402
 from hvdlike.engine import negotiation  # noqa: E402
 from hvdlike.engine.negotiation import Mine, Negotiation  # noqa: E402
 from simulated_world import SimNet, World, run_classes  # noqa: E402
+from bench_output import figure, write_json  # noqa: E402
 
 CAPACITY = 1024  # the default HVDLIKE_CACHE_CAPACITY
 DEFAULT_OLD_COMMIT = "e6b88e3"  # the last commit with rows gathered from every rank
@@ -316,31 +316,27 @@ def targets(rows: List[Dict]) -> List[str]:
 
 
 def plot(rows: List[Dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for design, style in (("old", "o--"), ("new", "s-")):
-        mine = [r for r in rows if r["design"] == design]
-        if not mine:
-            continue
-        for ax, field in zip(axes, ("round_cpu_ms", "round_bytes_per_rank", "first_step_cpu_s")):
-            pts = [(r["ranks"], r[field]) for r in mine if r[field] is not None]
-            if pts:
-                ax.plot(*zip(*pts), style, label=design)
-    titles = ("steady round, CPU per rank (ms)", "steady round, bytes per rank",
-              "first step of ResNet-50 (214 names), CPU per rank (s)")
-    for ax, title in zip(axes, titles):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("simulated ranks")
-        ax.set_title(title, fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.suptitle("hvdlike control plane: the real negotiation code, P ranks simulated in one "
-                 "process")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with figure(path, 1, 3, figsize=(15, 4.5), dpi=110) as (fig, axes):
+        for design, style in (("old", "o--"), ("new", "s-")):
+            mine = [r for r in rows if r["design"] == design]
+            if not mine:
+                continue
+            fields = ("round_cpu_ms", "round_bytes_per_rank", "first_step_cpu_s")
+            for ax, field in zip(axes, fields):
+                pts = [(r["ranks"], r[field]) for r in mine if r[field] is not None]
+                if pts:
+                    ax.plot(*zip(*pts), style, label=design)
+        titles = ("steady round, CPU per rank (ms)", "steady round, bytes per rank",
+                  "first step of ResNet-50 (214 names), CPU per rank (s)")
+        for ax, title in zip(axes, titles):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("simulated ranks")
+            ax.set_title(title, fontsize=10)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+        fig.suptitle("hvdlike control plane: the real negotiation code, P ranks simulated in one "
+                     "process")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -379,8 +375,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 cpu_count=os.cpu_count(), python=sys.version.split()[0],
                 date=time.strftime("%Y-%m-%d"))
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"rows": rows, "targets": verdicts, "meta": meta}, f, indent=1)
+    write_json(args.json, {"rows": rows, "targets": verdicts, "meta": meta})
     png = args.png or os.path.splitext(args.json)[0] + ".png"
     plot(rows, png)
     print(f"wrote {args.json} and {png}")

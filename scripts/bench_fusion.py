@@ -41,7 +41,6 @@ Targets: grouped / flat <= 1.05 and loop / grouped >= 1.5 (median times).
 """
 import argparse
 import datetime
-import json
 import math
 import mmap
 import os
@@ -55,6 +54,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hvdlike as hvd
+from bench_output import figure, markdown_table, write_json
 
 Shape = Tuple[int, ...]
 VARIANTS = ("grouped", "loop", "async_loop", "flat", "raw_flat", "flat_4k", "grouped_huge")
@@ -260,36 +260,28 @@ def timed_step(comm: MPI.Comm, fn: Callable[[], object]) -> float:
 
 
 def table(rows: Dict[str, Dict]) -> str:
-    head = ["variant", "median ms", "best ms", "GB/s", "/ flat", "/ raw_flat"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for label, r in rows.items():
-        lines.append(f"| {label} | {r['median_s'] * 1e3:.2f} | {r['best_s'] * 1e3:.2f} | "
-                     f"{r['GBps']:.3f} | {r['ratio_flat']:.3f} | {r['ratio_raw_flat']:.3f} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["variant", "median ms", "best ms", "GB/s", "/ flat", "/ raw_flat"],
+        [[label, f"{r['median_s'] * 1e3:.2f}", f"{r['best_s'] * 1e3:.2f}", f"{r['GBps']:.3f}",
+          f"{r['ratio_flat']:.3f}", f"{r['ratio_raw_flat']:.3f}"] for label, r in rows.items()])
 
 
 def plot(rows: Dict[str, Dict], title: str, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     labels = list(rows)
     med = [rows[k]["median_s"] * 1e3 for k in labels]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    bars = ax.bar(labels, med, color=["tab:blue", "tab:orange", "tab:green", "tab:purple",
-                                      "tab:gray", "tab:pink", "tab:cyan", "tab:olive",
-                                      "tab:brown"][:len(labels)])
-    ax.plot(labels, [rows[k]["best_s"] * 1e3 for k in labels], "k_", ms=20, mew=2, ls="none",
-            label="best")
-    ax.bar_label(bars, fmt="%.1f", fontsize=8)
-    ax.tick_params(axis="x", labelrotation=30)
-    ax.set_ylabel("median step time (ms)")
-    ax.set_title(title, fontsize=9)
-    ax.legend()
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(8, 4.5), dpi=120) as (fig, ax):
+        bars = ax.bar(labels, med, color=["tab:blue", "tab:orange", "tab:green", "tab:purple",
+                                          "tab:gray", "tab:pink", "tab:cyan", "tab:olive",
+                                          "tab:brown"][:len(labels)])
+        ax.plot(labels, [rows[k]["best_s"] * 1e3 for k in labels], "k_", ms=20, mew=2, ls="none",
+                label="best")
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+        ax.tick_params(axis="x", labelrotation=30)
+        ax.set_ylabel("median step time (ms)")
+        ax.set_title(title, fontsize=9)
+        ax.legend()
+        ax.grid(True, axis="y", alpha=0.3)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -379,11 +371,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             "repeats": args.repeats, "warmup": args.warmup, "wall_s": wall, "argv": sys.argv}
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"bench_fusion_np{n}")
-    with open(base + ".json", "w") as f:
-        json.dump({"metadata": meta, "results": rows, "targets": targets,
-                   "same_pages": same_pages, "inputs_on_huge_pages": on_huge_pages,
-                   "huge_page_method": page_method, "tf_frontend": tf_ratios,
-                   "table_markdown": table(rows)}, f, indent=2)
+    write_json(base + ".json", {"metadata": meta, "results": rows, "targets": targets,
+                                "same_pages": same_pages, "inputs_on_huge_pages": on_huge_pages,
+                                "huge_page_method": page_method, "tf_frontend": tf_ratios,
+                                "table_markdown": table(rows)})
     written = [base + ".json"]
     if not args.no_plot:
         notes = ", ".join(f"{k}={v}" for k, v in env.items())

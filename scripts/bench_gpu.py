@@ -30,7 +30,6 @@ Ratio = bound / staged time (1.0: staging costs nothing beyond its copies). Time
 slowest rank's. Rank 0 prints a table and writes OUT_np<N>.json and OUT_np<N>.png.
 """
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -42,6 +41,7 @@ from mpi4py import MPI
 
 import cupy as cp
 import hvdlike as hvd
+from bench_output import figure, write_json
 
 MIB = 1 << 20
 
@@ -159,8 +159,7 @@ def report(rows: List[Dict], n: int, out: str) -> None:
         print(f"target hvdlike >= 0.95x raw NCCL at >= 16 MiB: {'met' if met else 'MISSED'}")
     meta = {"device": device, "np": n, "python": platform.python_version(),
             "cupy": cp.__version__, "nccl": _nccl_version(), "argv": sys.argv}
-    with open(f"{out}_np{n}.json", "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=2)
+    write_json(f"{out}_np{n}.json", {"meta": meta, "rows": rows})
     plot(rows, cols, label, f"{out}_np{n}.png", f"np={n}, {device}")
     print(f"wrote {out}_np{n}.json and {out}_np{n}.png")
 
@@ -172,22 +171,15 @@ def _nccl_version() -> int:
 
 
 def plot(rows: List[Dict], cols: List[str], label: str, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     sizes = [r["bytes"] / MIB for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for c in cols:
-        left.plot(sizes, [r[c] * 1e6 for r in rows], marker="o", label=c)
-    left.set(xscale="log", yscale="log", xlabel="MiB", ylabel="us per call", title=title)
-    left.legend()
-    right.plot(sizes, [r["ratio"] for r in rows], marker="o")
-    right.axhline(0.95 if label.startswith("raw") else 1.0, color="grey", linestyle="--")
-    right.set(xscale="log", xlabel="MiB", ylabel=label, title=label)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with figure(path, 1, 2, figsize=(11, 4)) as (fig, (left, right)):
+        for c in cols:
+            left.plot(sizes, [r[c] * 1e6 for r in rows], marker="o", label=c)
+        left.set(xscale="log", yscale="log", xlabel="MiB", ylabel="us per call", title=title)
+        left.legend()
+        right.plot(sizes, [r["ratio"] for r in rows], marker="o")
+        right.axhline(0.95 if label.startswith("raw") else 1.0, color="grey", linestyle="--")
+        right.set(xscale="log", xlabel="MiB", ylabel=label, title=label)
 
 
 if __name__ == "__main__":

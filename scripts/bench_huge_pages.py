@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 from typing import Dict, List, Optional
+from bench_output import figure, markdown_table, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMPARED = ("grouped", "tf_function", "tf_eager", "flat")
@@ -77,38 +78,29 @@ def summarize(jobs: Dict[str, List[Dict]]) -> Dict[str, Dict]:
 
 
 def table(rows: Dict[str, Dict], pages: Dict[str, List[float]]) -> str:
-    head = ["variant", "off ms (per job)", "on ms (per job)", "off / on (median)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for v, r in rows.items():
-        lines.append(f"| {v} | {', '.join(f'{x:.1f}' for x in r['off_ms'])} | "
-                     f"{', '.join(f'{x:.1f}' for x in r['on_ms'])} | "
-                     f"{r['median_off_over_on']:.3f} |")
-    lines.append("")
+    lines = [markdown_table(
+        ["variant", "off ms (per job)", "on ms (per job)", "off / on (median)"],
+        [[v, ", ".join(f"{x:.1f}" for x in r["off_ms"]), ", ".join(f"{x:.1f}" for x in r["on_ms"]),
+          f"{r['median_off_over_on']:.3f}"] for v, r in rows.items()]), ""]
     lines.append("TensorFlow's inputs on huge pages: " + "; ".join(
         f"{s}: {', '.join(f'{x:.0%}' for x in v)}" for s, v in pages.items()))
     return "\n".join(lines)
 
 
 def plot(rows: Dict[str, Dict], title: str, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    width = 0.38
-    for k, (setting, color) in enumerate((("off", "tab:gray"), ("on", "tab:blue"))):
-        xs = [i + (k - 0.5) * width for i in range(len(rows))]
-        ys = [statistics.median(r[f"{setting}_ms"]) for r in rows.values()]
-        bars = ax.bar(xs, ys, width, color=color, label=f"huge pages {setting}")
-        ax.bar_label(bars, fmt="%.1f", fontsize=8)
-    ax.set_xticks(range(len(rows)), list(rows))
-    ax.set_ylabel("median step time (ms), median over jobs")
-    ax.set_title(title, fontsize=9)
-    ax.legend()
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(7, 4.5), dpi=120) as (fig, ax):
+        width = 0.38
+        for k, (setting, color) in enumerate((("off", "tab:gray"), ("on", "tab:blue"))):
+            xs = [i + (k - 0.5) * width for i in range(len(rows))]
+            ys = [statistics.median(r[f"{setting}_ms"]) for r in rows.values()]
+            bars = ax.bar(xs, ys, width, color=color, label=f"huge pages {setting}")
+            ax.bar_label(bars, fmt="%.1f", fontsize=8)
+        ax.set_xticks(range(len(rows)), list(rows))
+        ax.set_ylabel("median step time (ms), median over jobs")
+        ax.set_title(title, fontsize=9)
+        ax.legend()
+        ax.grid(True, axis="y", alpha=0.3)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -125,9 +117,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     print()
     print(table(rows, pages))
     base = os.path.join(args.out, "bench_huge_pages")
-    with open(base + ".json", "w") as f:
-        json.dump({"metadata": meta, "results": rows, "tf_inputs_on_huge_pages": pages,
-                   "table_markdown": table(rows, pages)}, f, indent=2)
+    write_json(base + ".json", {"metadata": meta, "results": rows,
+                                "tf_inputs_on_huge_pages": pages,
+                                "table_markdown": table(rows, pages)})
     written = [base + ".json"]
     if not args.no_plot:
         plot(rows, f"ResNet-50 gradients all-reduce, np={args.np}, {meta['hostname']}: "

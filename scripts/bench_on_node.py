@@ -18,7 +18,6 @@ is chosen from. Rank 0 prints a table and writes OUT.json and OUT.png.
 """
 import argparse
 import datetime
-import json
 import os
 import socket
 import statistics
@@ -34,6 +33,7 @@ from hvdlike.base.reduce_ops import ReduceOp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_allreduce import human, parse_sizes  # noqa: E402
+from bench_output import figure, markdown_table, write_json  # noqa: E402
 
 TRANSPORTS = ("mpi", "window", "single_copy")
 
@@ -99,33 +99,28 @@ def bench_size(comm: MPI.Comm, nbytes: int, rounds: int) -> Dict:
 
 
 def table(rows: List[Dict]) -> str:
-    lines = ["| size | MPI | window | single copy | MPI / window | MPI / single copy | fastest |",
-             "|---|---|---|---|---|---|---|"]
+    cells = []
     for row in rows:
         m, o = row["median_s"], row["mpi_over"]
-        lines.append(f"| {human(row['bytes'])} | {m['mpi'] * 1e6:.0f} us | "
-                     f"{m['window'] * 1e6:.0f} us | {m['single_copy'] * 1e6:.0f} us | "
-                     f"{o['window']:.2f} | {o['single_copy']:.2f} | {row['fastest']} |")
-    return "\n".join(lines)
+        cells.append([human(row["bytes"]), f"{m['mpi'] * 1e6:.0f} us",
+                      f"{m['window'] * 1e6:.0f} us", f"{m['single_copy'] * 1e6:.0f} us",
+                      f"{o['window']:.2f}", f"{o['single_copy']:.2f}", row["fastest"]])
+    return markdown_table(["size", "MPI", "window", "single copy", "MPI / window",
+                           "MPI / single copy", "fastest"], cells)
 
 
 def plot(rows: List[Dict], path: str, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
-    xs = [row["bytes"] for row in rows]
-    for t in TRANSPORTS:
-        ax.plot(xs, [row["median_s"][t] * 1e6 for row in rows], marker="o", label=t)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("bytes (float32 sum)")
-    ax.set_ylabel("time per call, µs (median; slowest rank)")
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with figure(path, figsize=(7, 4), dpi=100) as (fig, ax):
+        xs = [row["bytes"] for row in rows]
+        for t in TRANSPORTS:
+            ax.plot(xs, [row["median_s"][t] * 1e6 for row in rows], marker="o", label=t)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes (float32 sum)")
+        ax.set_ylabel("time per call, µs (median; slowest rank)")
+        ax.set_title(title)
+        ax.legend()
+        ax.grid(True, which="both", alpha=0.3)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -141,8 +136,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 "mpi": MPI.Get_library_version().splitlines()[0].strip("\x00 "),
                 "rounds": args.rounds, "argv": sys.argv}
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out + ".json", "w") as f:
-            json.dump({"metadata": meta, "results": rows, "table_markdown": text}, f, indent=1)
+        write_json(args.out + ".json",
+                   {"metadata": meta, "results": rows, "table_markdown": text})
         if not args.no_plot:
             plot(rows, args.out + ".png", f"on-node all-reduce, np={comm.Get_size()}")
         print(f"wrote {args.out}.json", flush=True)

@@ -33,6 +33,7 @@ import hvdlike.tensorflow as hvd_tf  # noqa: E402
 from hvdlike.tensorflow import packing  # noqa: E402
 from hvdlike.tensorflow.compat import keras as _keras  # noqa: E402
 from bench_train import build_model, tape_loop  # noqa: E402
+from bench_output import figure  # noqa: E402
 
 KINDS = ("plain", "packed", "unpacked")
 
@@ -119,17 +120,12 @@ def main():
               "skip": args.skip if args.loop == "fit" else 0, "step_times_s": times,
               "packed_over_unpacked": {"median": median, "q1": q1, "q3": q3}}
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.boxplot([[1e3 * t for t in times[k]] for k in KINDS])
-    ax.set_xticks(range(1, len(KINDS) + 1), KINDS)
-    ax.set_ylabel("ms a step (slowest rank)")
-    ax.set_title(f"48-layer MLP, {args.loop} loop, np={hvd.size()}: packed / unpacked "
-                 f"{median:.2f}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=100)
+    with figure(out.with_suffix(".png"), figsize=(6, 4), dpi=100) as (fig, ax):
+        ax.boxplot([[1e3 * t for t in times[k]] for k in KINDS])
+        ax.set_xticks(range(1, len(KINDS) + 1), KINDS)
+        ax.set_ylabel("ms a step (slowest rank)")
+        ax.set_title(f"48-layer MLP, {args.loop} loop, np={hvd.size()}: packed / unpacked "
+                     f"{median:.2f}", fontsize=9)
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import hvdlike as hvd
+from bench_output import figure
 
 
 def _loop(seconds: float, work: float, process_set, name: str) -> list:
@@ -106,27 +107,18 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"wrote {out.with_suffix('.json')} (matplotlib not installed: no PNG)")
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
     works = sorted({r["work_ms"] for r in rows})
     width = 0.8 / len(kinds)
-    for k, kind in enumerate(kinds):
-        ys = [1e6 * next(r["median_s"] for r in rows if r["case"] == kind and r["work_ms"] == w)
-              for w in works]
-        ax.bar([i + k * width for i in range(len(works))], ys, width, label=kind)
-    ax.set_xticks([i + width * (len(kinds) - 1) / 2 for i in range(len(works))])
-    ax.set_xticklabels([f"{w:g} ms of work" for w in works])
-    ax.set_ylabel("median µs a call (slowest member)")
-    ax.set_title(f"process sets, np={size}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=110)
+    with figure(out.with_suffix(".png"), figsize=(7, 4)) as (fig, ax):
+        for k, kind in enumerate(kinds):
+            ys = [1e6 * next(r["median_s"] for r in rows
+                             if r["case"] == kind and r["work_ms"] == w) for w in works]
+            ax.bar([i + k * width for i in range(len(works))], ys, width, label=kind)
+        ax.set_xticks([i + width * (len(kinds) - 1) / 2 for i in range(len(works))])
+        ax.set_xticklabels([f"{w:g} ms of work" for w in works])
+        ax.set_ylabel("median µs a call (slowest member)")
+        ax.set_title(f"process sets, np={size}")
+        ax.legend()
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
 
 

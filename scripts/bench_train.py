@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from bench_output import figure
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -324,28 +325,23 @@ def driver(args):
     print(table)
     (out / "bench_train.json").write_text(json.dumps(results, indent=2))
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        nps = [f"{r['np']}" + ("" if r["np"] == 1 else f" ({label(r)})") for r in results]
-        xs = range(len(nps))
-        a1.bar([i - 0.2 for i in xs], [r["plain"]["img_per_s_total"] for r in results], 0.4,
-               label="plain optimizer (no communication)")
-        a1.bar([i + 0.2 for i in xs], [r["distributed"]["img_per_s_total"] for r in results],
-               0.4, label="DistributedOptimizer")
-        a1.set_xticks(list(xs), [f"np={n}" for n in nps], fontsize=8)
-        a1.set_ylabel("img/s (total)")
-        a1.legend(fontsize=8)
-        a1.set_title(f"Throughput, {what} (overlap on/off, mwms: native)", fontsize=9)
-        a2.bar(list(xs), [r["overhead_ratio"] for r in results])
-        a2.axhline(1.05, color="r", ls="--", label="+5%")
-        a2.set_xticks(list(xs), [f"np={n}" for n in nps], fontsize=8)
-        a2.set_ylabel("step time, distributed / plain")
-        a2.set_title("Overhead vs plain optimizer (same run)")
-        a2.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "bench_train.png", dpi=100)
+        with figure(out / "bench_train.png", 1, 2, figsize=(10, 4), dpi=100) as (fig, (a1, a2)):
+            nps = [f"{r['np']}" + ("" if r["np"] == 1 else f" ({label(r)})") for r in results]
+            xs = range(len(nps))
+            a1.bar([i - 0.2 for i in xs], [r["plain"]["img_per_s_total"] for r in results], 0.4,
+                   label="plain optimizer (no communication)")
+            a1.bar([i + 0.2 for i in xs], [r["distributed"]["img_per_s_total"] for r in results],
+                   0.4, label="DistributedOptimizer")
+            a1.set_xticks(list(xs), [f"np={n}" for n in nps], fontsize=8)
+            a1.set_ylabel("img/s (total)")
+            a1.legend(fontsize=8)
+            a1.set_title(f"Throughput, {what} (overlap on/off, mwms: native)", fontsize=9)
+            a2.bar(list(xs), [r["overhead_ratio"] for r in results])
+            a2.axhline(1.05, color="r", ls="--", label="+5%")
+            a2.set_xticks(list(xs), [f"np={n}" for n in nps], fontsize=8)
+            a2.set_ylabel("step time, distributed / plain")
+            a2.set_title("Overhead vs plain optimizer (same run)")
+            a2.legend(fontsize=8)
         print(f"wrote {out / 'bench_train.json'} and {out / 'bench_train.png'}")
     except ImportError:
         print(f"wrote {out / 'bench_train.json'} (matplotlib not installed: no PNG)")

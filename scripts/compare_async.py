@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_output import figure
+
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("sync", "async", "native_ps")
 
@@ -116,26 +118,17 @@ def _num(value, digits=4):
 
 
 def plot(runs, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is missing: no PNG")
-        return
     ok = [r for r in runs if not r.get("error")]
     labels = [f"{r['mode']}\n{r['servers']}+{r['workers']}{' slow' if r['slowed'] else ''}"
               for r in ok]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     colors = {"sync": "tab:blue", "async": "tab:orange", "native_ps": "tab:green"}
-    for ax, key, title in ((axes[0], "examples_per_s", "examples/s of the whole job"),
-                           (axes[1], "final_accuracy", "held-out accuracy")):
-        ax.bar(range(len(ok)), [r[key] for r in ok], color=[colors[r["mode"]] for r in ok])
-        ax.set_xticks(range(len(ok)))
-        ax.set_xticklabels(labels, fontsize=7)
-        ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with figure(path, 1, 2, figsize=(13, 4.5)) as (fig, axes):
+        for ax, key, title in ((axes[0], "examples_per_s", "examples/s of the whole job"),
+                               (axes[1], "final_accuracy", "held-out accuracy")):
+            ax.bar(range(len(ok)), [r[key] for r in ok], color=[colors[r["mode"]] for r in ok])
+            ax.set_xticks(range(len(ok)))
+            ax.set_xticklabels(labels, fontsize=7)
+            ax.set_title(title)
 
 
 # ---------------------------------------------------------------------- one job (a rank)

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from bench_output import figure
 
 REPO = Path(__file__).resolve().parent.parent
 SIZES = "1KiB,4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB"
@@ -290,35 +291,30 @@ def launch(args, worker, nranks, env_extra, result, timeout):
 
 
 def plot(report, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
-    train = report["training"]
-    names = [LABELS[r["mode"]] for r in train]
-    ax1.bar(range(len(train)), [r["img_per_s"] for r in train],
-            color=["#4c72b0", "#55a868", "#c44e52", "#8c8c8c"][:len(train)])
-    ax1.set_xticks(range(len(train)), [n.replace(" ", "\n", 1) for n in names], fontsize=8)
-    ax1.set_ylabel("images / s (global)")
-    ax1.set_title(f"training, np={report['np']}, global batch {train[0]['global_batch']}")
-    for i, r in enumerate(train):
-        ax1.text(i, r["img_per_s"], f"{r['img_per_s']:.0f}", ha="center", va="bottom")
-    rows = report["allreduce"]["rows"]
-    xs = range(len(rows))
-    w = 0.2
-    for k, (key, label) in enumerate([("native", "native MWMS all_reduce"),
-                                      ("strategy", "MPIStrategy all_reduce"),
-                                      ("hvdlike", "hvdlike.allreduce (NumPy)"),
-                                      ("mpi4py", "mpi4py Allreduce")]):
-        ax2.bar([x + (k - 1.5) * w for x in xs], [r[key + "_GBps"] for r in rows], w,
-                label=label)
-    ax2.set_yscale("log")
-    ax2.set_xticks(list(xs), [r["size"] for r in rows], fontsize=8)
-    ax2.set_ylabel("algbw GB/s (log)")
-    ax2.set_title(f"all-reduce float32, np={report['np']}")
-    ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with figure(path, 1, 2, figsize=(13, 4.8), dpi=110) as (fig, (ax1, ax2)):
+        train = report["training"]
+        names = [LABELS[r["mode"]] for r in train]
+        ax1.bar(range(len(train)), [r["img_per_s"] for r in train],
+                color=["#4c72b0", "#55a868", "#c44e52", "#8c8c8c"][:len(train)])
+        ax1.set_xticks(range(len(train)), [n.replace(" ", "\n", 1) for n in names], fontsize=8)
+        ax1.set_ylabel("images / s (global)")
+        ax1.set_title(f"training, np={report['np']}, global batch {train[0]['global_batch']}")
+        for i, r in enumerate(train):
+            ax1.text(i, r["img_per_s"], f"{r['img_per_s']:.0f}", ha="center", va="bottom")
+        rows = report["allreduce"]["rows"]
+        xs = range(len(rows))
+        w = 0.2
+        for k, (key, label) in enumerate([("native", "native MWMS all_reduce"),
+                                          ("strategy", "MPIStrategy all_reduce"),
+                                          ("hvdlike", "hvdlike.allreduce (NumPy)"),
+                                          ("mpi4py", "mpi4py Allreduce")]):
+            ax2.bar([x + (k - 1.5) * w for x in xs], [r[key + "_GBps"] for r in rows], w,
+                    label=label)
+        ax2.set_yscale("log")
+        ax2.set_xticks(list(xs), [r["size"] for r in rows], fontsize=8)
+        ax2.set_ylabel("algbw GB/s (log)")
+        ax2.set_title(f"all-reduce float32, np={report['np']}")
+        ax2.legend(fontsize=8)
 
 
 def main():

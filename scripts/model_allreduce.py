@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
+from bench_output import figure
 
 REPO = Path(__file__).resolve().parents[1]
 GBIT = 1e9 / 8  # bytes/s of 1 Gbit/s
@@ -134,34 +135,29 @@ def predict(p: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def plot(rows: List[Dict[str, Any]], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    colors = dict(zip(LINKS_GBIT, ("tab:red", "tab:blue", "tab:green")))
-    for gbit in LINKS_GBIT:
-        for algorithm, style in (("flat", "--"), ("hierarchical", "-")):
-            mine = [r for r in rows if r["link_gbit"] == gbit and r["algorithm"] == algorithm
-                    and r["fusion_bytes"] == 64 << 20]
-            left.plot([r["hosts"] for r in mine], [r["allreduce_102MB_s"] * 1e3 for r in mine],
-                      style, color=colors[gbit], label=f"{gbit} Gbit/s {algorithm}")
-            best = [max((r for r in rows if r["link_gbit"] == gbit and r["hosts"] == h
-                         and r["algorithm"] == algorithm), key=lambda r: r["efficiency"])
-                    for h in HOSTS]
-            right.plot(HOSTS, [r["efficiency"] for r in best], style, color=colors[gbit],
-                       label=f"{gbit} Gbit/s {algorithm}")
-    left.set(xscale="log", yscale="log", xlabel="hosts (8 ranks each)",
-             ylabel="ms per 102 MB all-reduce (64 MiB buckets)",
-             title="all-reduce of ResNet-50's gradients")
-    right.set(xscale="log", xlabel="hosts (8 GPUs each)", ylim=(0, 1.05),
-              ylabel="scaling efficiency (best fusion size, overlap)",
-              title="ResNet-50, 0.2 s per step per GPU")
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with figure(path, 1, 2, figsize=(11, 4), dpi=110) as (fig, (left, right)):
+        colors = dict(zip(LINKS_GBIT, ("tab:red", "tab:blue", "tab:green")))
+        for gbit in LINKS_GBIT:
+            for algorithm, style in (("flat", "--"), ("hierarchical", "-")):
+                mine = [r for r in rows if r["link_gbit"] == gbit and r["algorithm"] == algorithm
+                        and r["fusion_bytes"] == 64 << 20]
+                left.plot([r["hosts"] for r in mine], [r["allreduce_102MB_s"] * 1e3 for r in mine],
+                          style, color=colors[gbit], label=f"{gbit} Gbit/s {algorithm}")
+                best = [max((r for r in rows if r["link_gbit"] == gbit and r["hosts"] == h
+                             and r["algorithm"] == algorithm), key=lambda r: r["efficiency"])
+                        for h in HOSTS]
+                right.plot(HOSTS, [r["efficiency"] for r in best], style, color=colors[gbit],
+                           label=f"{gbit} Gbit/s {algorithm}")
+        left.set(xscale="log", yscale="log", xlabel="hosts (8 ranks each)",
+                 ylabel="ms per 102 MB all-reduce (64 MiB buckets)",
+                 title="all-reduce of ResNet-50's gradients")
+        right.set(xscale="log", xlabel="hosts (8 GPUs each)", ylim=(0, 1.05),
+                  ylabel="scaling efficiency (best fusion size, overlap)",
+                  title="ResNet-50, 0.2 s per step per GPU")
+        for ax in (left, right):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
 
 
 def main() -> int:

@@ -2,11 +2,13 @@
 predictions follow from them."""
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))  # the scripts import their shared helpers
 spec = importlib.util.spec_from_file_location("model_allreduce",
                                               REPO / "scripts" / "model_allreduce.py")
 model = importlib.util.module_from_spec(spec)
