@@ -9,18 +9,20 @@ import importlib as _importlib
 from . import collectives as _collectives
 from .collectives import (
     allgather_async,
-    allgather_object,
     allreduce_async,
     alltoall_async,
-    barrier,
     broadcast_async,
-    broadcast_object,
-    exclusive_mpi,
     grouped_allgather_async,
     grouped_allreduce_async,
     grouped_reducescatter_async,
-    join,
     reducescatter_async,
+)
+from .control_collectives import (
+    allgather_object,
+    barrier,
+    broadcast_object,
+    exclusive_mpi,
+    join,
 )
 from .tf_dispatch import accepts_tf_values as _accepts_tf_values, pin_gpu
 

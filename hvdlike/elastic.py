@@ -34,7 +34,7 @@ import pickle
 import tempfile
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
-from . import collectives, runtime
+from . import control_collectives, runtime
 from .base.errors import HostsUpdatedInterrupt, RanksFailedError  # noqa: F401 - Horovod's names
 from .base.log import logger
 from .runtime import shrink
@@ -91,7 +91,7 @@ class State:
 
     def sync(self) -> None:
         """Every rank takes rank 0's state (collective), then saves it."""
-        snapshot = collectives.broadcast_object(
+        snapshot = control_collectives.broadcast_object(
             self._snapshot() if runtime.rank() == 0 else None, root_rank=0,
             name="hvdlike.elastic.sync")
         self._apply(snapshot)

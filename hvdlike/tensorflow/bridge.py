@@ -28,7 +28,7 @@ from hvdlike import Average, Sum, global_process_set
 from hvdlike import process_sets as _process_sets
 from hvdlike import runtime as _runtime
 from hvdlike.base.reduce_ops import as_reduce_op
-from hvdlike.collectives import require_name
+from hvdlike.submission import require_name
 from hvdlike.tensorflow import compat, devices, wait_kernel
 
 SUPPORTED_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.int16,

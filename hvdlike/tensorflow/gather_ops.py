@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import Average, ProcessSet, global_process_set
-from hvdlike.collectives import listed as _listed
+from hvdlike.submission import listed as _listed
 from hvdlike.tensorflow import bridge, primitives
 
 # --------------------------------------------------------------------------- allgather

@@ -10,7 +10,7 @@ import tensorflow as tf
 import hvdlike as _core
 from hvdlike import Average, ProcessSet, ReduceOp, Sum, global_process_set
 from hvdlike.base.reduce_ops import as_reduce_op
-from hvdlike.collectives import listed as _listed
+from hvdlike.submission import listed as _listed
 from hvdlike.tensorflow import bridge, gather_ops, primitives
 from hvdlike.tensorflow.compression import Compression, check_compression
 
