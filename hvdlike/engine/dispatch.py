@@ -6,11 +6,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from ..handles import Handle
 from ..transport.failures import is_process_failure
-from . import execute, execute_gpu, timeline
+from . import allreduce, execute_gpu, timeline
 from .checks import raised_on_every_rank
 from .entries import NONAME_NAMES, Entry
-from .execute import ALLREDUCES, RUNNERS, Work
+from .execute import RUNNERS
 from .negotiation import Key
+from .work import ALLREDUCES, Work, zeros_for
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -42,7 +43,7 @@ def run_responses(engine: "Engine", responses: List[Any], ready: float) -> None:
             continue
         if entry is None:  # joined: take part with zeros, keep nothing
             served.append(response.key)
-            zeros = (execute_gpu if response.request.device == "gpu" else execute).zeros_for
+            zeros = execute_gpu.zeros_for if response.request.device == "gpu" else zeros_for
             work = Work(response.request, zeros(response.request), ps, discard)
         else:
             work = Work(response.request, entry.inputs, ps, entry.handle._succeed)
@@ -55,7 +56,7 @@ def run_responses(engine: "Engine", responses: List[Any], ready: float) -> None:
     if reductions:
         host = [w for w in reductions if w.request.device != "gpu"]
         gpu = [w for w in reductions if w.request.device == "gpu"]
-        for run, works in ((execute.run_allreduces, host),
+        for run, works in ((allreduce.run_allreduces, host),
                            (execute_gpu.run_allreduces, gpu)):
             if works:
                 trace = None if tl is None else tracer(engine, tl, works)

@@ -40,13 +40,13 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 from ..base.errors import RanksFailedError
 from ..handles import Handle
 from ..transport.control import Control
-from . import dispatch, execute, execute_gpu, failing, latency, timeline
+from . import dispatch, execute_gpu, failing, latency, timeline
 from .checks import LocalError, Request
 from .deadlock import JOIN_KEY
 from .entries import NONAME_NAMES, NONAMES, Entry
-from .execute import Work
 from .negotiation import Detail, Flag, Key, Mine, Negotiation, Summary
 from .stall import StallInspector
+from .work import Work, results
 
 _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
 _COMPANY_SECONDS = 0.1  # ticks stay a cycle apart this long after a set without this rank had work
@@ -211,7 +211,7 @@ class Engine:
             self._cv.notify()
         self._thread.join()
         execute_gpu.reset()
-        execute.results.clear()  # the result arrays kept for reuse (up to 1 GiB)
+        results.clear()  # the result arrays kept for reuse (up to 1 GiB)
         # revoked communicators (ranks died) have nothing to free together
         self._control.free(failed=self.failure is not None)
 

@@ -23,9 +23,11 @@ from ..base.reduce_ops import ReduceOp
 from ..transport import gpu
 from ..transport import nccl as nccl_transport
 from ..transport import staged as staging
-from . import execute, fusion
+from . import allreduce, execute, fusion
 from .checks import Request
-from .execute import Phases, Work, scatter_rows
+from .execute import scatter_rows
+from .scaling import half, scale_in_place, scaler
+from .work import Phases, Work, row_bytes
 
 STAGED = "staged"
 _transports: Dict[int, Any] = {}  # process set id -> nccl_transport.Communicator or STAGED
@@ -105,7 +107,7 @@ def _first_array(value: Any) -> Any:
 def run_allreduces(st: Any, works: Sequence[Work],
                    trace: Optional[Callable[[List[int], Phases, Dict[str, Any]], None]] = None
                    ) -> None:
-    """Run every GPU all-reduce response of a round (see ``execute.run_allreduces``)."""
+    """Run every GPU all-reduce response of a round (see ``allreduce.run_allreduces``)."""
     staged: List[Tuple[int, Work, Any, int]] = []
     direct: List[Tuple[int, Work, Any, int]] = []
     for w, work in enumerate(works):
@@ -113,9 +115,9 @@ def run_allreduces(st: Any, works: Sequence[Work],
         t = _transport(st, work, device)
         (staged if t is STAGED else direct).append((w, work, t, device))
     if staged:  # results in pinned memory, so that their copies to the GPU are fast
-        execute.run_allreduces(st, [_staged(work, device) for _, work, _, device in staged],
-                               trace and (lambda m, p, a: trace([staged[i][0] for i in m], p, a)),
-                               staging.pinned_empty)
+        allreduce.run_allreduces(st, [_staged(work, device) for _, work, _, device in staged],
+                                 trace and (lambda m, p, a: trace([staged[i][0] for i in m], p, a)),
+                                 staging.pinned_empty)
     if direct:
         _nccl_allreduces(st, direct, trace)
 
@@ -261,8 +263,8 @@ def _allreduce_bucket(cp: Any, comm: Any, stream: Any, request: Request, device:
     prescale, postscale = request.scale
     wire = dtypes.bool_op(op) if dtype.kind == "b" else op
     native_average = op == ReduceOp.AVERAGE and postscale == 1.0 and work.kind == "f"
-    scale = None if native_average else execute._scaler(op, postscale, comm.size,
-                                                        execute._half(dtype, work))
+    scale = None if native_average else scaler(op, postscale, comm.size,
+                                               half(dtype, work))
     if len(arrays) == 1 and work.itemsize == dtype.itemsize and prescale == 1.0:
         a = arrays[0]
         out = cp.empty(a.shape, work)
@@ -301,7 +303,7 @@ def _allgather(st: Any, work: Work, comm: Any, stream: Any) -> Any:
                                        np.array([a.shape[0] for a in arrays], np.int64))
     outs = []
     for i, a in enumerate(arrays):
-        counts = rows[:, i] * execute._row_bytes(a)
+        counts = rows[:, i] * row_bytes(a)
         out = cp.empty((int(rows[:, i].sum()),) + a.shape[1:], a.dtype)
         most = int(counts.max())
         if most and (counts == most).all():
@@ -334,7 +336,7 @@ def _alltoall(st: Any, work: Work, comm: Any, stream: Any) -> Tuple[Any, np.ndar
     a, send_splits = work.inputs.inputs
     recv_splits = st.transport.alltoall_ints(work.process_set.group.comm, send_splits)
     out = gpu.cupy().empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
-    row = execute._row_bytes(a)
+    row = row_bytes(a)
     comm.alltoallv(_bytes(a), send_splits * row, _bytes(out), recv_splits * row, stream)
     return out, recv_splits
 
@@ -363,7 +365,7 @@ def _reducescatter(st: Any, work: Work, comm: Any, stream: Any) -> Any:
             comm.reduce_scatter(send, recv, dtypes.bool_op(op) if dtype.kind == "b" else op,
                                 stream)
         mine = recv[:int(rows[me]) * row_elems]
-        execute._scale_in_place(mine, op, postscale, n, execute._half(dtype, wdtype))
+        scale_in_place(mine, op, postscale, n, half(dtype, wdtype))
         outs.append(mine.reshape((int(rows[me]),) + a.shape[1:]).astype(dtype, copy=True))
     return outs[0] if request.kind == "reducescatter" else outs
 

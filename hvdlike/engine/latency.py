@@ -6,11 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..handles import Handle
 from ..transport.failures import is_process_failure
-from . import dispatch, execute, failing, timeline
+from . import allreduce, dispatch, failing, timeline
 from .checks import Request
 from .entries import Entry
-from .execute import ALLREDUCES, RUNNERS, Work
+from .execute import RUNNERS
 from .negotiation import Flag, Mine
+from .work import ALLREDUCES, Work
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -71,7 +72,7 @@ def direct(engine: "Engine", request: Request, inputs: Any, process_set: Any) ->
     engine.direct_runs += 1
     try:
         if request.kind in ALLREDUCES:
-            return execute.allreduce_now(engine._st, request, inputs, process_set)
+            return allreduce.allreduce_now(engine._st, request, inputs, process_set)
         work = Work(request, inputs, process_set, dispatch.discard)
         return RUNNERS[request.kind](engine._st, work)
     except Exception as exc:

@@ -27,18 +27,18 @@ def alltoall_return_forms() -> Dict[str, Any]:
 
 
 def reinit() -> Dict[str, Any]:
-    from hvdlike.engine import execute
+    from hvdlike.engine import work
 
     first = hvd.allreduce(np.ones(2), op=hvd.Sum).tolist()
     ps = hvd.add_process_set([0])
     hvd.allgather(np.ones(1 << 17))  # 1 MiB of result: kept for reuse
-    cached = execute.results._bytes
+    cached = work.results._bytes
     hvd.shutdown()
     was = hvd.is_initialized()
     hvd.init()
     return dict(first=first, initialized_after_shutdown=was, set_id_after=ps.process_set_id,
                 again=hvd.allreduce(np.ones(2), op=hvd.Sum).tolist(),
-                cached_mib=cached >> 20, cached_after_shutdown=execute.results._bytes)
+                cached_mib=cached >> 20, cached_after_shutdown=work.results._bytes)
 
 
 def process_sets() -> Dict[str, Any]:
