@@ -16,7 +16,7 @@ import numpy as np
 
 from .base.reduce_ops import ReduceOp, as_reduce_op
 from .engine import checks
-from .engine.checks import Request
+from .engine.checks import Kind, Request
 from .handles import Handle
 from .process_sets import ProcessSet, global_process_set
 from .submission import (
@@ -43,12 +43,12 @@ def _allreduce(xs: Sequence[Any], op: Any, prescale_factor: float, postscale_fac
     given = Inputs(xs)
     arrays = given.arrays
     if grouped:
-        request = Request("grouped_allreduce", name, tuple(a.dtype for a in arrays),
+        request = Request(Kind.GROUPED_ALLREDUCE, name, tuple(a.dtype for a in arrays),
                           tuple(a.shape for a in arrays), int(op), None, scale, parts=parts)
         error = given.error or first_error(reduce_error_for(a.dtype, op) for a in arrays)
     else:
         a = arrays[0]
-        request = Request("allreduce", name, a.dtype, a.shape, int(op), None, scale)
+        request = Request(Kind.ALLREDUCE, name, a.dtype, a.shape, int(op), None, scale)
         error = reduce_error_for(a.dtype, op)
     if op == ReduceOp.ADASUM:
         error = error or adasum_error(process_set, given)
@@ -123,7 +123,7 @@ def _allgather(xs: Sequence[Any], name: Optional[str], process_set: ProcessSet,
     arrays = [_rows(a) for a in given.arrays]
     dts = tuple(a.dtype for a in arrays)
     shapes = tuple(a.shape[1:] for a in arrays)
-    kind = "grouped_allgather" if grouped else "allgather"
+    kind = Kind.GROUPED_ALLGATHER if grouped else Kind.ALLGATHER
     request = Request(kind, name, dts if grouped else dts[0], shapes if grouped else shapes[0])
     return submit(process_set, request, given.error or first_error(map(dtype_error, arrays)),
                   arrays, blocking, given)
@@ -177,7 +177,7 @@ def _broadcast(x: Any, root_rank: int, name: Optional[str], process_set: Process
                blocking: bool) -> Any:
     given = Inputs([x])
     (a,) = given.arrays
-    request = Request("broadcast", name, a.dtype, a.shape, None, root(root_rank))
+    request = Request(Kind.BROADCAST, name, a.dtype, a.shape, None, root(root_rank))
     return submit(process_set, request,
                   root_error(root_rank, process_set) or dtype_error(a), [a], blocking, given)
 
@@ -229,7 +229,7 @@ def _alltoall(x: Any, splits: Any, name: Optional[str], process_set: ProcessSet,
     given = Inputs([x])
     (a,) = given.arrays
     send_splits, error = _splits_or_error(a, splits, process_set.size())
-    request = Request("alltoall", name, a.dtype, a.shape[1:])
+    request = Request(Kind.ALLTOALL, name, a.dtype, a.shape[1:])
     return submit(process_set, request, error or dtype_error(a), (a, send_splits), blocking,
                   given)
 
@@ -254,7 +254,7 @@ def _reducescatter(xs: Sequence[Any], op: Any, name: Optional[str], process_set:
     op = as_reduce_op(op)
     dts = tuple(a.dtype for a in arrays)
     shapes = tuple(a.shape for a in arrays)
-    kind = "grouped_reducescatter" if grouped else "reducescatter"
+    kind = Kind.GROUPED_REDUCESCATTER if grouped else Kind.REDUCESCATTER
     request = Request(kind, name, dts if grouped else dts[0], shapes if grouped else shapes[0],
                       int(op), None, factors(kind, prescale_factor, postscale_factor))
     return submit(process_set, request,

@@ -6,14 +6,14 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 from . import runtime
 from .engine import checks
-from .engine.checks import Request
+from .engine.checks import Kind, Request
 from .process_sets import ProcessSet, global_process_set
 from .submission import root, root_error, submit
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Return once every rank of ``process_set`` has called barrier."""
-    submit(process_set, Request("barrier", None, None, None), None, None, True)
+    submit(process_set, Request(Kind.BARRIER, None, None, None), None, None, True)
 
 
 @contextlib.contextmanager
@@ -30,7 +30,7 @@ def exclusive_mpi() -> Iterator[None]:
     reports).
     """
     engine = runtime.state("hvdlike.exclusive_mpi()").engine
-    submit(global_process_set, Request("exclusive_mpi", "hvdlike.exclusive_mpi", None, None),
+    submit(global_process_set, Request(Kind.EXCLUSIVE_MPI, "hvdlike.exclusive_mpi", None, None),
            None, engine.pause, True)
     try:
         yield
@@ -47,7 +47,7 @@ def join() -> int:
     joined last (the highest if several joined in the same round).
     """
     st = runtime.state("hvdlike.join()")
-    return st.engine.submit(Request("join", "hvdlike.join", None, None), None, None,
+    return st.engine.submit(Request(Kind.JOIN, "hvdlike.join", None, None), None, None,
                             global_process_set, wake=False).synchronize()
 
 
@@ -65,7 +65,7 @@ def _pickled(obj: Any, what: str) -> Tuple[Optional[bytes], Optional[checks.Loca
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Every rank gets (an unpickled copy of) the root's picklable ``obj``."""
-    request = Request("broadcast_object", name, None, None, None, root(root_rank))
+    request = Request(Kind.BROADCAST_OBJECT, name, None, None, None, root(root_rank))
     error = root_error(root_rank, process_set)
     payload = None
     if error is None and root_rank == runtime.rank():
@@ -77,5 +77,5 @@ def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Every rank gets the list of every rank's picklable ``obj``, in rank order."""
     payload, error = _pickled(obj, "allgather_object")
-    return submit(process_set, Request("allgather_object", name, None, None), error,
+    return submit(process_set, Request(Kind.ALLGATHER_OBJECT, name, None, None), error,
                   payload, True)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 
 from . import runtime
 from .base.errors import CollectiveMismatchError
-from .engine.checks import Request, raised_on_every_rank
+from .engine.checks import Kind, Request, raised_on_every_rank
 
 if TYPE_CHECKING:
     from .transport.group import Group
@@ -301,7 +301,7 @@ def _bind_next(st: "runtime.State", ps: ProcessSet, ranks: List[int]) -> None:
 
 
 def _in_engine(st: "runtime.State", change: Any) -> Any:
-    request = Request("process_set", None, None, None)
+    request = Request(Kind.PROCESS_SET, None, None, None)
     return st.engine.submit(request, None, change, global_process_set).synchronize()
 
 

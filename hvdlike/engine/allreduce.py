@@ -24,7 +24,7 @@ from ..base import dtypes
 from ..base.reduce_ops import ReduceOp
 from ..transport.interface import HostAllreduce, InPlacePass
 from . import adasum, fusion
-from .checks import Request
+from .checks import Kind, Request
 from .scaling import half, scaler, wire_op
 from .work import Empty, Phases, Work, pool, results
 
@@ -46,7 +46,7 @@ def run_allreduces(st: Any, works: Sequence[Work],
         return
     tensors: List[Tuple[int, int]] = [(w, i) for w, work in enumerate(works)
                                       for i in range(len(work.inputs))]
-    if len(works) == 1 and works[0].request.kind == "grouped_allreduce":  # same plan each step
+    if len(works) == 1 and works[0].request.kind == Kind.GROUPED_ALLREDUCE:  # same plan each step
         buckets, sizes = _grouped_plan(works[0].request, st.settings.fusion_threshold)
     else:
         keys = [fusion_key(works[w], i) for w, i in tensors]
@@ -68,7 +68,7 @@ def run_allreduces(st: Any, works: Sequence[Work],
                   {"bucket": number, "tensors": carried,
                    "bytes": int(sum(sizes[b] for b in bucket))})
     for work, out in zip(works, outs):
-        work.done(out if work.request.kind == "grouped_allreduce" else out[0])
+        work.done(out if work.request.kind == Kind.GROUPED_ALLREDUCE else out[0])
 
 
 def _tensors_in(work: Work, i: int) -> int:
@@ -93,7 +93,7 @@ def allreduce_now(st: Any, request: Request, inputs: List[np.ndarray], process_s
     """The result of one all-reduce response (allreduce or grouped_allreduce) run alone."""
     if len(inputs) == 1:
         (out,) = _allreduce_bucket(st, request, process_set, inputs, None, empty)
-        return out if request.kind == "allreduce" else [out]
+        return out if request.kind == Kind.ALLREDUCE else [out]
     box: List[Any] = []
     run_allreduces(st, [Work(request, inputs, process_set, box.append)], None, empty)
     return box[0]

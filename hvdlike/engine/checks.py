@@ -4,6 +4,7 @@ when the ranks asked for different things or one rank passed bad input.
 The engine's negotiation gathers every rank's ``Request`` for a name once (cached after) and
 calls ``resolve_or_error``; every rank gets the same verdict and so raises the same error.
 """
+import enum
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -12,10 +13,39 @@ from ..base.errors import CollectiveMismatchError
 from ..base.reduce_ops import ReduceOp
 
 
+class Kind(str, enum.Enum):
+    """What a request asks for. A kind is equal to its name and hashes as it does, so that a
+    name ("allreduce") may stand for it, and it reads as its name in messages."""
+
+    ALLREDUCE = "allreduce"
+    GROUPED_ALLREDUCE = "grouped_allreduce"
+    ALLGATHER = "allgather"
+    GROUPED_ALLGATHER = "grouped_allgather"
+    BROADCAST = "broadcast"
+    ALLTOALL = "alltoall"
+    REDUCESCATTER = "reducescatter"
+    GROUPED_REDUCESCATTER = "grouped_reducescatter"
+    BARRIER = "barrier"
+    BROADCAST_OBJECT = "broadcast_object"
+    ALLGATHER_OBJECT = "allgather_object"
+    JOIN = "join"
+    PROCESS_SET = "process_set"
+    EXCLUSIVE_MPI = "exclusive_mpi"
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 class Request(NamedTuple):
     """What one rank asks for; every rank must ask for the same thing under one name."""
 
-    kind: str  # "allreduce", "allgather", ...
+    kind: Kind
     name: Optional[str]
     dtype: Any  # np.dtype, or a tuple of them for grouped collectives
     shape: Any  # tuple, or a tuple of tuples for grouped collectives
@@ -42,8 +72,8 @@ class Request(NamedTuple):
 LocalError = Tuple[str, str]  # ("TypeError" | "ValueError", message)
 
 _ERROR_TYPES = {"TypeError": TypeError, "ValueError": ValueError}
-_SHAPE_AFTER_FIRST = ("allgather", "grouped_allgather", "alltoall")
-_JOIN_COMPATIBLE = ("allreduce", "grouped_allreduce")
+_SHAPE_AFTER_FIRST = (Kind.ALLGATHER, Kind.GROUPED_ALLGATHER, Kind.ALLTOALL)
+_JOIN_COMPATIBLE = (Kind.ALLREDUCE, Kind.GROUPED_ALLREDUCE)
 
 
 def joinable(request: Request) -> bool:

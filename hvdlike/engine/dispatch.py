@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from ..handles import Handle
 from ..transport.failures import is_process_failure
 from . import allreduce, execute_gpu, timeline
-from .checks import raised_on_every_rank
+from .checks import Kind, raised_on_every_rank
 from .entries import NONAME_NAMES, Entry
 from .execute import RUNNERS
 from .negotiation import Key
@@ -49,7 +49,7 @@ def run_responses(engine: "Engine", responses: List[Any], ready: float) -> None:
             work = Work(response.request, entry.inputs, ps, entry.handle._succeed)
         (reductions if response.request.kind in ALLREDUCES else others).append(work)
     # a process set's removal last, after the round's collectives on that set
-    others.sort(key=lambda work: work.request.kind == "process_set")
+    others.sort(key=lambda work: work.request.kind == Kind.PROCESS_SET)
     if served:
         count_unnamed(engine, served)
     engine._in_flight = reductions + others
@@ -69,7 +69,7 @@ def run_responses(engine: "Engine", responses: List[Any], ready: float) -> None:
         if tl is not None:
             tl.span(row_name(work.process_set, work.request.name or ""),
                     "MPI_" + work.request.kind.upper(), start, time.perf_counter())
-    if others and others[-1].request.kind == "process_set":  # sorted last: sets changed
+    if others and others[-1].request.kind == Kind.PROCESS_SET:  # sorted last: sets changed
         engine._outside_word = engine._outside_sets()
     engine._in_flight = []
     if tl is not None:

@@ -41,7 +41,7 @@ from ..base.errors import RanksFailedError
 from ..handles import Handle
 from ..transport.control import Control
 from . import dispatch, execute_gpu, failing, latency, timeline
-from .checks import LocalError, Request
+from .checks import Kind, LocalError, Request
 from .deadlock import JOIN_KEY
 from .entries import NONAME_NAMES, NONAMES, Entry
 from .negotiation import Detail, Flag, Key, Mine, Negotiation, Summary
@@ -297,7 +297,7 @@ class Engine:
                     "was removed (hvdlike.remove_process_set, on another thread) before the "
                     "request could be sent"))
                 continue
-            if entry.request.kind == "join":
+            if entry.request.kind == Kind.JOIN:
                 self._joined_round, self._join_entry = self._round_no, entry
             elif entry.key in self._pending:
                 self._later.setdefault(entry.key, deque()).append(entry)
@@ -343,11 +343,11 @@ class Engine:
 
     def _waits(self) -> List[Tuple[Key, str]]:
         """What the threads blocked in wait() wait for: (key, kind)."""
-        out = []
+        out: List[Tuple[Key, str]] = []
         for handle in list(self._waited):
             entry = self._entry_of(handle)
             if entry is not None and (entry.key, entry.request.kind) not in out:
-                out.append((JOIN_KEY if entry.request.kind == "join" else entry.key,
+                out.append((JOIN_KEY if entry.request.kind == Kind.JOIN else entry.key,
                             entry.request.kind))
         return out
 

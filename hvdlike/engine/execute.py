@@ -8,6 +8,7 @@ import numpy as np
 
 from ..base import dtypes
 from . import fusion
+from .checks import Kind
 from .scaling import half, scale_in_place, wire_op
 from .work import Work, pool, results, row_bytes
 
@@ -33,7 +34,7 @@ def allgather(st: Any, work: Work) -> Any:
         a = arrays[0]
         out = results.empty((int(rows[:, 0].sum()),) + a.shape[1:], a.dtype)
         allgatherv(t.as_bytes(a), t.as_bytes(out), rows[:, 0] * row_bytes(a))
-        return out if work.request.kind == "allgather" else [out]
+        return out if work.request.kind == Kind.ALLGATHER else [out]
     seg_bytes = rows * np.array([row_bytes(a) for a in arrays], np.int64)  # [rank, tensor]
     u8 = np.dtype(np.uint8)
     send_size, recv_size = int(seg_bytes[group.rank].sum()), int(seg_bytes.sum())
@@ -121,7 +122,7 @@ def reducescatter(st: Any, work: Work) -> Any:
             out[i] = res.view(np.bool_) if a.dtype.kind == "b" else res
         pool.release(send_base)
         pool.release(recv_base)
-    return out[0] if request.kind == "reducescatter" else out
+    return out[0] if request.kind == Kind.REDUCESCATTER else out
 
 
 def barrier(st: Any, work: Work) -> None:
@@ -147,12 +148,12 @@ def call(st: Any, work: Work) -> Any:
     return work.inputs()
 
 
-RUNNERS: Dict[str, Callable[[Any, Work], Any]] = {
-    "allgather": allgather, "grouped_allgather": allgather, "broadcast": broadcast,
-    "alltoall": alltoall, "reducescatter": reducescatter,
-    "grouped_reducescatter": reducescatter, "barrier": barrier,
-    "broadcast_object": broadcast_object, "allgather_object": allgather_object,
-    "process_set": call, "exclusive_mpi": call,
+RUNNERS: Dict[Kind, Callable[[Any, Work], Any]] = {
+    Kind.ALLGATHER: allgather, Kind.GROUPED_ALLGATHER: allgather, Kind.BROADCAST: broadcast,
+    Kind.ALLTOALL: alltoall, Kind.REDUCESCATTER: reducescatter,
+    Kind.GROUPED_REDUCESCATTER: reducescatter, Kind.BARRIER: barrier,
+    Kind.BROADCAST_OBJECT: broadcast_object, Kind.ALLGATHER_OBJECT: allgather_object,
+    Kind.PROCESS_SET: call, Kind.EXCLUSIVE_MPI: call,
 }
 
 

@@ -24,7 +24,7 @@ from ..transport import gpu
 from ..transport import nccl as nccl_transport
 from ..transport import staged as staging
 from . import allreduce, execute, fusion
-from .checks import Request
+from .checks import Kind, Request
 from .execute import scatter_rows
 from .scaling import half, scale_in_place, scaler
 from .work import Phases, Work, row_bytes
@@ -141,7 +141,7 @@ def run(st: Any, work: Work) -> Any:
 def zeros_for(request: Request) -> gpu.OnDevice:
     """What a rank that has joined contributes to a GPU all-reduce: zeros on its GPU."""
     cp = gpu.cupy()
-    shapes, types = ((request.shape, request.dtype) if request.kind == "grouped_allreduce"
+    shapes, types = ((request.shape, request.dtype) if request.kind == Kind.GROUPED_ALLREDUCE
                      else ([request.shape], [request.dtype]))
     with gpu.engine_stream(cp.cuda.Device().id):  # the stream that will read them
         return gpu.OnDevice([cp.zeros(s, d) for s, d in zip(shapes, types)], None, None)
@@ -241,7 +241,7 @@ def _nccl_allreduces(st: Any, items: List[Tuple[int, Work, Any, int]],
                    "bytes": int(sum(sizes[b] for b in bucket))})
     for (_, work, _, device), out, stream in zip(items, outs, streams):
         work.done(_run_on(cp, device, stream, _finished,
-                          out if work.request.kind == "grouped_allreduce" else out[0],
+                          out if work.request.kind == Kind.GROUPED_ALLREDUCE else out[0],
                           work, stream))
 
 
@@ -318,7 +318,7 @@ def _allgather(st: Any, work: Work, comm: Any, stream: Any) -> Any:
                 flat[offset:offset + n] = recv[r * most:r * most + n]
                 offset += n
         outs.append(out)
-    return outs[0] if work.request.kind == "allgather" else outs
+    return outs[0] if work.request.kind == Kind.ALLGATHER else outs
 
 
 def _broadcast(st: Any, work: Work, comm: Any, stream: Any) -> Any:
@@ -367,11 +367,11 @@ def _reducescatter(st: Any, work: Work, comm: Any, stream: Any) -> Any:
         mine = recv[:int(rows[me]) * row_elems]
         scale_in_place(mine, op, postscale, n, half(dtype, wdtype))
         outs.append(mine.reshape((int(rows[me]),) + a.shape[1:]).astype(dtype, copy=True))
-    return outs[0] if request.kind == "reducescatter" else outs
+    return outs[0] if request.kind == Kind.REDUCESCATTER else outs
 
 
-_NCCL_RUNNERS: Dict[str, Callable[[Any, Work, Any, Any], Any]] = {
-    "allgather": _allgather, "grouped_allgather": _allgather, "broadcast": _broadcast,
-    "alltoall": _alltoall, "reducescatter": _reducescatter,
-    "grouped_reducescatter": _reducescatter,
+_NCCL_RUNNERS: Dict[Kind, Callable[[Any, Work, Any, Any], Any]] = {
+    Kind.ALLGATHER: _allgather, Kind.GROUPED_ALLGATHER: _allgather, Kind.BROADCAST: _broadcast,
+    Kind.ALLTOALL: _alltoall, Kind.REDUCESCATTER: _reducescatter,
+    Kind.GROUPED_REDUCESCATTER: _reducescatter,
 }

@@ -7,6 +7,7 @@ from ..base.errors import DeadlockError, RanksFailedError
 from ..handles import Handle
 from ..transport.failures import failed_ranks, is_process_failure, revoke
 from . import execute_gpu
+from .checks import Kind
 from .deadlock import JOIN_KEY, Found
 from .entries import Entry
 
@@ -66,7 +67,7 @@ def fail_deadlocked(engine: "Engine", found: Found) -> None:
     keys = found.waits[me]
     for handle in list(engine._waited):
         entry = engine._entry_of(handle)
-        if entry is None or (JOIN_KEY if entry.request.kind == "join" else entry.key) \
+        if entry is None or (JOIN_KEY if entry.request.kind == Kind.JOIN else entry.key) \
                 not in keys:
             continue
         if entry is engine._join_entry:

@@ -57,7 +57,7 @@ import numpy as np
 
 from ..transport.interface import RoundNet as Net
 from . import deadlock
-from .checks import LocalError, Request, joinable, resolve_or_error
+from .checks import Kind, LocalError, Request, joinable, resolve_or_error
 
 Key = Tuple[int, str]  # (process set id, name)
 SLOTS = 256  # requests in negotiation at once (seen for the first time, not yet everywhere)
@@ -326,7 +326,7 @@ class Negotiation:
                                          new, mine, net, joined_any)
         responses += completed
         if detail is None and (ready & self._set_changes or any(
-                r.request.kind == "process_set" for r in completed if r.error is None)):
+                r.request.kind == Kind.PROCESS_SET for r in completed if r.error is None)):
             detail = self._gather_detail(mine, net)  # a set's removal names who was missing
         found = self._deadlock(mine, net) if s.blocked else None
         last = -1
@@ -482,7 +482,7 @@ class Negotiation:
         self._cache[key] = (position, request)
         self._by_position[position] = key
         self._response[position] = Response(key, request, None)
-        if request.kind == "process_set":
+        if request.kind == Kind.PROCESS_SET:
             self._set_changes |= 1 << position
         self._flip(key[0], position)
 

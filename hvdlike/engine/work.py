@@ -6,11 +6,11 @@ import numpy as np
 
 from . import fusion
 from .buffers import ResultCache
-from .checks import Request
+from .checks import Kind, Request
 
 pool = fusion.BufferPool()
 results = ResultCache()
-ALLREDUCES = ("allreduce", "grouped_allreduce")
+ALLREDUCES = (Kind.ALLREDUCE, Kind.GROUPED_ALLREDUCE)
 
 
 class Work(NamedTuple):
@@ -38,6 +38,6 @@ def row_bytes(a: np.ndarray) -> int:
 
 def zeros_for(request: Request) -> List[np.ndarray]:
     """What a rank that has joined contributes to an all-reduce: zeros of the agreed shape."""
-    if request.kind == "grouped_allreduce":
+    if request.kind == Kind.GROUPED_ALLREDUCE:
         return [np.zeros(s, d) for s, d in zip(request.shape, request.dtype)]
     return [np.zeros(request.shape, request.dtype)]
