@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from ..handles import Handle
 from ..transport.failures import is_process_failure
-from . import allreduce, execute_gpu, timeline
+from . import allreduce, execute_gpu, pending, timeline
 from .checks import Kind, raised_on_every_rank
 from .entries import NONAME_NAMES, Entry
 from .execute import RUNNERS
@@ -32,7 +32,7 @@ def run_responses(engine: "Engine", responses: List[Any], ready: float) -> None:
         if entry is not None:
             if tl is not None:
                 trace_negotiation(engine, tl, entry, ready)
-            engine._retire(entry)
+            pending.retire(engine, entry)
         if response.error is not None:
             error = raised_on_every_rank(response.error, ps.rank())
             if entry is not None:
@@ -70,7 +70,7 @@ def run_responses(engine: "Engine", responses: List[Any], ready: float) -> None:
             tl.span(row_name(work.process_set, work.request.name or ""),
                     "MPI_" + work.request.kind.upper(), start, time.perf_counter())
     if others and others[-1].request.kind == Kind.PROCESS_SET:  # sorted last: sets changed
-        engine._outside_word = engine._outside_sets()
+        engine._outside_word = pending.outside_sets(engine)
     engine._in_flight = []
     if tl is not None:
         tl.flush()

@@ -34,15 +34,13 @@ wait for a stopping rank (it will submit nothing more); requests of sets without
 """
 import threading
 import time
-from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional
 
 from ..base.errors import RanksFailedError
 from ..handles import Handle
 from ..transport.control import Control
-from . import dispatch, execute_gpu, failing, latency, timeline
-from .checks import Kind, LocalError, Request
-from .deadlock import JOIN_KEY
+from . import dispatch, execute_gpu, failing, latency, pending, timeline
+from .checks import LocalError, Request
 from .entries import NONAME_NAMES, NONAMES, Entry
 from .negotiation import Detail, Flag, Key, Mine, Negotiation, Summary
 from .stall import StallInspector
@@ -51,7 +49,6 @@ from .work import Work, results
 _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
 _COMPANY_SECONDS = 0.1  # ticks stay a cycle apart this long after a set without this rank had work
 _DEADLOCK_CHECK_EVERY = 1.0  # seconds between deadlock checks while ranks stay blocked
-_ALL_SETS = (1 << 64) - 1  # the deadlock word of a rank blocked past the deadlock time
 
 
 class Engine:
@@ -78,7 +75,7 @@ class Engine:
         self._waited: List[Handle] = []  # the handles threads are blocked on (in wait())
         self._wait_start = 0.0  # since when some thread has been blocked in wait()
         self._progress_at = 0.0  # when a request of this rank last completed
-        self._outside_word = self._outside_sets()  # the deadlock word while not blocked
+        self._outside_word = pending.outside_sets(self)  # the deadlock word while not blocked
         self._direct_mine = Mine()  # the latency path's last contribution
         self._qlock = threading.Lock()  # guards the queue, the counters and _stopping
         self._cv = threading.Condition(self._qlock)  # wakes the background thread
@@ -232,6 +229,9 @@ class Engine:
             self._cv.notify()
 
 
+    def _missing_of(self, entry: Entry) -> List[int]:
+        return pending.missing(self, entry)
+
     def forget_set(self, set_id: int) -> None:
         """A process set is being removed, in a round on every rank (``failing.forget_set``)."""
         failing.forget_set(self, set_id)
@@ -254,7 +254,7 @@ class Engine:
             return 0.0
         now = time.monotonic()
         if (self._helper and now < self._company_until
-                and now - self._own_work > self._cycle * _IDLE_FACTOR):
+            and now - self._own_work > self._cycle * _IDLE_FACTOR):
             return 0.0  # in no busy set: be in the round the busy set starts next, at once
         if self._busy or self._pending or now < self._company_until:
             tick = self._cycle
@@ -284,92 +284,13 @@ class Engine:
             failing.round_failed(self, exc)
 
 
-    def _take_queue(self, now: float, fresh: List[Entry]) -> List[Tuple[Key, Request, Any]]:
-        """Move the queue into the pending requests; returns the pending requests that are not
-        in the response cache (key, request, local error) and adds the requests this round
-        carries for the first time to ``fresh``."""
-        with self._qlock:
-            new, self._queue = self._queue, []
-        for entry in new:
-            if self.sets.get(entry.key[0]) is not entry.process_set:  # removed meanwhile
-                entry.handle._complete(None, RuntimeError(
-                    f"hvdlike.{entry.request.kind} {entry.request.name!r}: its process set "
-                    "was removed (hvdlike.remove_process_set, on another thread) before the "
-                    "request could be sent"))
-                continue
-            if entry.request.kind == Kind.JOIN:
-                self._joined_round, self._join_entry = self._round_no, entry
-            elif entry.key in self._pending:
-                self._later.setdefault(entry.key, deque()).append(entry)
-            else:
-                self._pending[entry.key] = entry
-        uncached = []
-        for entry in self._pending.values():
-            if entry.position is None:
-                position = None if entry.error else self._neg.cached(entry.key, entry.request)
-                if position is None:
-                    uncached.append((entry.key, entry.request, entry.error))
-                else:
-                    entry.position = position
-                    self._bits |= 1 << position
-            if not entry.carried:
-                entry.carried = now
-                fresh.append(entry)
-        return uncached
-
-    def _outside_sets(self) -> int:
-        """The deadlock word of a rank not blocked: a bit for each set it is not in (kept in
-        ``_outside_word``, made again when sets change)."""
-        word = 0
-        for set_id, ps in self.sets.items():
-            if ps.group is None:
-                word |= 1 << min(set_id, 63)
-        return word
-
-    def _mine(self, uncached: List[Tuple[Key, Request, Any]], fresh: List[Entry]) -> Mine:
-        """What this rank brings to the round."""
-        now = time.perf_counter()
-        waits: Tuple[Tuple[Key, str], ...] = ()
-        blocked = self._outside_word
-        if (self._waiters and self._deadlock_seconds > 0 and now >= self._deadlock_next
-                and now - max(self._wait_start, self._progress_at) >= self._deadlock_seconds):
-            blocked, waits = _ALL_SETS, tuple(self._waits())
-        # the timeline names the ranks a request waited for: rows of the rounds it waits in
-        detail = self._want_detail or (timeline.current is not None
-                                       and len(self._pending) > len(fresh))
-        return Mine(self._bits, uncached, bool(self._pending) or self._joined_round >= 0,
-                    self._joined_round, self._stopping, self._stall.flag, detail, blocked,
-                    waits, self._pending)
-
-    def _waits(self) -> List[Tuple[Key, str]]:
-        """What the threads blocked in wait() wait for: (key, kind)."""
-        out: List[Tuple[Key, str]] = []
-        for handle in list(self._waited):
-            entry = self._entry_of(handle)
-            if entry is not None and (entry.key, entry.request.kind) not in out:
-                out.append((JOIN_KEY if entry.request.kind == Kind.JOIN else entry.key,
-                            entry.request.kind))
-        return out
-
-    def _entry_of(self, handle: Handle) -> Optional[Entry]:
-        if self._join_entry is not None and self._join_entry.handle is handle:
-            return self._join_entry
-        for entry in self._pending.values():
-            if entry.handle is handle:
-                return entry
-        for later in self._later.values():
-            for entry in later:
-                if entry.handle is handle:
-                    return entry
-        return None
-
     def _negotiate_and_run(self) -> None:
         fresh: List[Entry] = []
         gap = time.monotonic() - self._last_round
-        uncached = self._take_queue(time.perf_counter(), fresh)
+        uncached = pending.take_queue(self, time.perf_counter(), fresh)
         if self._pending or self._join_entry is not None:
             self._own_work = time.monotonic()
-        mine = self._mine(uncached, fresh)
+        mine = pending.mine(self, uncached, fresh)
         self._neg.vector(mine)
         summary = self._neg.read(self._control.exchange())
         if not summary.some:  # no rank had anything: a tick
@@ -384,8 +305,8 @@ class Engine:
         if decision.detail is not None:
             self._want_detail = False
         if summary.any(Flag.STALLED):  # some rank waited past the stall shutdown time: all end
-            report = self._stall.report(list(self._pending.values()), self._missing,
-                                        time.perf_counter(), self._joined())
+            report = self._stall.report(list(self._pending.values()), self._missing_of,
+                                        time.perf_counter(), pending.joined(self))
             self._stall.shut_down(self._ctrl.allgather(report), self._ctrl.Barrier)
         now = time.perf_counter()
         for entry in fresh:
@@ -402,7 +323,7 @@ class Engine:
         for key in decision.invalidated:
             stale = self._pending.get(key)
             if stale is not None and stale.position is not None:
-                self._clear_bit(stale)
+                pending.clear_bit(self, stale)
         self._productive = bool(decision.responses)
         self._helper = self._productive and not mine.bits and not mine.uncached
         self._stuck = not self._productive and decision.all_waiting
@@ -421,8 +342,8 @@ class Engine:
             failing.fail_waiting_on(self, decision.stopped)
         if self._pending and self._stall.due(now):
             if decision.detail is not None:
-                self._stall.scan(list(self._pending.values()), self._missing, now,
-                                 self._joined())
+                self._stall.scan(list(self._pending.values()), self._missing_of, now,
+                                 pending.joined(self))
             elif any(now - e.submitted >= self._stall.first_check
                      for e in self._pending.values()):
                 self._want_detail = True  # the scan names the missing ranks: rows next round
@@ -438,45 +359,5 @@ class Engine:
         call finds this rank there."""
         if union & self._neg.foreign:
             self._company_until = self._last_round + _COMPANY_SECONDS
-
-    def _joined(self) -> List[int]:
-        """The ranks that have joined, as the last rows gathered say."""
-        detail = self._neg.last_detail
-        return [] if detail is None else [r for r, j in enumerate(detail.joined) if j >= 0]
-
-    def _missing(self, entry: Entry) -> List[int]:
-        """The members that had not submitted ``entry``'s request in the last round that
-        gathered every rank's row (stall reports, ranks that shut down, a removed set)."""
-        set_id = entry.key[0]
-        members = self.sets[set_id].ranks
-        detail, me = self._neg.last_detail, self._st.rank
-        if detail is None:
-            return [r for r in members if r != me]
-        out = []
-        for r in members:
-            if set_id == 0 and detail.joined[r] >= 0:
-                continue
-            has = detail.has(r, entry.key)
-            if not (r == me if has is None else has):  # None: not published then
-                out.append(r)
-        return out
-
-
-    def _retire(self, entry: Entry) -> None:
-        self._progress_at = time.perf_counter()  # a request of this rank completes
-        if entry.position is not None:
-            self._clear_bit(entry)
-        del self._pending[entry.key]
-        later = self._later.get(entry.key)
-        if later:
-            self._pending[entry.key] = later.popleft()
-            if not later:
-                del self._later[entry.key]
-
-    def _clear_bit(self, entry: Entry) -> None:
-        position = entry.position
-        assert position is not None
-        self._bits &= ~(1 << position)
-        entry.position = None
 
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Dict, List, Sequence
 from ..base.errors import DeadlockError, RanksFailedError
 from ..handles import Handle
 from ..transport.failures import failed_ranks, is_process_failure, revoke
-from . import execute_gpu
+from . import execute_gpu, pending
 from .checks import Kind
 from .deadlock import JOIN_KEY, Found
 from .entries import Entry
@@ -22,13 +22,13 @@ def forget_set(engine: "Engine", set_id: int) -> None:
     it that have not run (not every member submitted them) fail, saying so. A later set
     may get its id, with other members: its unnamed requests are numbered from 0 again."""
     waiting = [e for k, e in engine._pending.items() if k[0] == set_id]
-    missing = {id(e): engine._missing(e) for e in waiting}  # while the set is registered
+    missing = {id(e): pending.missing(engine, e) for e in waiting}  # while the set is registered
     for key in [k for k in engine._later if k[0] == set_id]:
         waiting += engine._later.pop(key)
     for entry in waiting:
         if engine._pending.get(entry.key) is entry:
             if entry.position is not None:
-                engine._clear_bit(entry)
+                pending.clear_bit(engine, entry)
             del engine._pending[entry.key]
         ranks = missing.get(id(entry))
         entry.handle._complete(None, RuntimeError(
@@ -66,14 +66,14 @@ def fail_deadlocked(engine: "Engine", found: Found) -> None:
         return
     keys = found.waits[me]
     for handle in list(engine._waited):
-        entry = engine._entry_of(handle)
+        entry = pending.entry_of(engine, handle)
         if entry is None or (JOIN_KEY if entry.request.kind == Kind.JOIN else entry.key) \
                 not in keys:
             continue
         if entry is engine._join_entry:
             engine._join_entry, engine._joined_round = None, -1
         elif engine._pending.get(entry.key) is entry:
-            engine._retire(entry)
+            pending.retire(engine, entry)
         else:
             engine._later[entry.key].remove(entry)
             if not engine._later[entry.key]:
@@ -102,9 +102,9 @@ def fail_waiting_on(engine: "Engine", stopped: Sequence[int]) -> None:
             involved[set_id] = any(r in stopped for r in engine.sets[set_id].ranks)
         if not involved[set_id]:
             continue  # a set without them: its requests go on as usual
-        gone = [r for r in engine._missing(entry) if r in stopped]
+        gone = [r for r in pending.missing(engine, entry) if r in stopped]
         if gone:
-            engine._retire(entry)
+            pending.retire(engine, entry)
             entry.handle._complete(None, error(
                 f"hvdlike.{entry.request.kind} {entry.request.name!r}", gone))
     if engine._join_entry is not None and not engine._stopping:
