@@ -62,7 +62,8 @@ sys.path.insert(0, str(REPO))
 
 from hvdlike.engine.checks import Request  # noqa: E402
 from hvdlike.engine import negotiation  # noqa: E402
-from hvdlike.engine.negotiation import Mine, Negotiation  # noqa: E402
+from hvdlike.engine.negotiation import Negotiation  # noqa: E402
+from hvdlike.engine.rounds import Mine  # noqa: E402
 from simulated_world import SimNet, World, run_classes  # noqa: E402
 from bench_output import figure, write_json  # noqa: E402
 

@@ -11,7 +11,8 @@ import pytest
 from hvdlike.engine import checks
 from hvdlike.engine.checks import Request
 from hvdlike.engine import deadlock
-from hvdlike.engine.negotiation import Mine, Negotiation, Round
+from hvdlike.engine.negotiation import Negotiation
+from hvdlike.engine.rounds import Mine, Round
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 from simulated_world import SimNet, World, run_classes  # noqa: E402

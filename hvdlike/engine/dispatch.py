@@ -10,7 +10,7 @@ from . import allreduce, execute_gpu, pending, timeline
 from .checks import Kind, raised_on_every_rank
 from .entries import NONAME_NAMES, Entry
 from .execute import RUNNERS
-from .negotiation import Key
+from .rounds import Key
 from .work import ALLREDUCES, Work, zeros_for
 
 if TYPE_CHECKING:

@@ -42,7 +42,8 @@ from ..transport.control import Control
 from . import dispatch, execute_gpu, failing, latency, pending, timeline
 from .checks import LocalError, Request
 from .entries import NONAME_NAMES, NONAMES, Entry
-from .negotiation import Detail, Flag, Key, Mine, Negotiation, Summary
+from .negotiation import Negotiation
+from .rounds import Detail, Flag, Key, Mine, Summary
 from .stall import StallInspector
 from .work import Work, results
 

@@ -4,7 +4,7 @@ from typing import Any, Optional
 
 from ..handles import Handle
 from .checks import LocalError, Request
-from .negotiation import Key
+from .rounds import Key
 
 NONAME_NAMES = 256  # unnamed requests cycle through this many names (see ``engine``)
 NONAMES = tuple(f"noname.{k}" for k in range(NONAME_NAMES))

@@ -10,7 +10,7 @@ from . import allreduce, dispatch, failing, timeline
 from .checks import Request
 from .entries import Entry
 from .execute import RUNNERS
-from .negotiation import Flag, Mine
+from .rounds import Flag, Mine
 from .work import ALLREDUCES, Work
 
 if TYPE_CHECKING:

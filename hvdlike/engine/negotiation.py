@@ -23,9 +23,9 @@ in a round whose flags say some rank has unpublished requests, the lowest such r
 MIN all-reduce) broadcasts their metadata, and every rank gives each a slot. Each rank then
 says whether it has the request and whether its own metadata equals the published one: at
 once, in one more AND of the slots' words, and in every later round's vector while the
-request waits for some member. When every member has it, it runs, and enters the cache. Only when some member
-disagrees (or had bad input) are the members' requests gathered, to raise today's error, with
-every rank's values, on every rank.
+request waits for some member. When every member has it, it runs, and enters the cache. Only
+when some member disagrees (or had bad input) are the members' requests gathered, to raise
+the error, with every rank's values, on every rank.
 
 Per-rank detail (which ranks have which request, who joined when, who is shutting down) is
 gathered only in rounds that need it: when some rank asks (the stall inspector, the timeline's
@@ -35,17 +35,16 @@ blocked ranks wait for (``deadlock``).
 
 Everything here is deterministic given the reduced vector and what the collectives deliver:
 every rank computes the same responses in the same order, which is what lets the engine run
-them with ordinary blocking collectives. ``Net`` is the handful of collectives it uses; the
-engine passes MPI's (``control``), ``scripts/bench_control_plane.py`` an in-process stand-in.
+them with ordinary blocking collectives. ``Net`` (``transport.interface.RoundNet``) is the
+handful of collectives it uses; the engine passes MPI's (``control``),
+``scripts/bench_control_plane.py`` an in-process stand-in.
 """
-import enum
 import struct
 from typing import (
     Callable,
     Collection,
     Dict,
     List,
-    NamedTuple,
     Optional,
     Sequence,
     Set,
@@ -57,101 +56,15 @@ import numpy as np
 
 from ..transport.interface import RoundNet as Net
 from . import deadlock
-from .checks import Kind, LocalError, Request, joinable, resolve_or_error
+from .checks import Kind, Request, joinable, resolve_or_error
+from .rounds import Detail, Flag, Key, Mine, Response, Round, Summary
 
-Key = Tuple[int, str]  # (process set id, name)
 SLOTS = 256  # requests in negotiation at once (seen for the first time, not yet everywhere)
 _SLOT_WORDS = SLOTS // 64
 _DETAIL = struct.Struct("<3q")  # a detail row's header: joined-in round, stopping, stalled
 
 
-class Flag(enum.IntEnum):
-    UNPUBLISHED = 0  # has requests no rank has published yet
-    STOPPING = 1  # is shutting down
-    STALLED = 2  # has waited past the stall shutdown time
-    JOINED = 3  # has called join()
-    WAITING = 4  # has requests pending, or has joined
-    DETAIL = 5  # wants every rank's detail in this round
-
-
 _FLAGS = [int(f) for f in Flag]
-
-
-class Mine(NamedTuple):
-    """What this rank brings to a round."""
-
-    bits: int = 0  # cache positions of its pending requests
-    uncached: Sequence[Tuple[Key, Request, Optional[LocalError]]] = ()  # pending, not cached
-    waiting: bool = False  # has requests pending (or has joined)
-    joined_round: int = -1  # the round it joined in, or -1
-    stopping: bool = False
-    stalled: bool = False
-    detail: bool = False  # wants every rank's detail this round
-    blocked: int = 0  # the deadlock word (all ones when blocked and a check is due)
-    waits: Sequence[Tuple[Key, str]] = ()  # (key, kind) its blocked threads wait for
-    pending: Collection[Key] = ()  # every key it has pending (the deadlock check asks)
-
-
-class Summary(NamedTuple):
-    """The reduced vector, read: every rank reads the same."""
-
-    every: int  # flags every rank has (bit f)
-    some: int  # flags some rank has
-    ready: int  # cache positions every active member has pending (before masking)
-    union: int  # cache positions some rank has pending
-    have: int  # slots every member has
-    agree: int  # slots where no member disagrees
-    blocked: int  # the deadlock word
-
-    def all(self, flag: Flag) -> bool:
-        return bool(self.every >> flag & 1)
-
-    def any(self, flag: Flag) -> bool:
-        return bool(self.some >> flag & 1)
-
-
-class Response(NamedTuple):
-    """A request every (active) member submitted: run it, or raise ``error`` everywhere."""
-
-    key: Key
-    request: Request
-    error: Optional[Exception]
-
-
-class Detail:
-    """Every rank's row of a round that gathered them: who has which request, who joined."""
-
-    def __init__(self, joined: List[int], stopping: List[bool], bits: List[int],
-                 have: List[int], positions: Dict[Key, int], slots: Dict[Key, int]) -> None:
-        self.joined, self.bits, self.have = joined, bits, have
-        self.stopped = tuple(r for r, s in enumerate(stopping) if s)
-        self._positions, self._slots = positions, slots
-
-    def has(self, rank: int, key: Key) -> Optional[bool]:
-        """Whether ``rank`` had ``key`` pending in that round (None: nobody had published it,
-        so that round cannot tell)."""
-        position = self._positions.get(key)
-        if position is not None and self.bits[rank] >> position & 1:
-            return True
-        slot = self._slots.get(key)
-        if slot is not None:
-            return bool(self.have[rank] >> slot & 1)
-        return False if position is not None else None
-
-
-class Round(NamedTuple):
-    responses: List[Response]
-    invalidated: Set[Key]  # cache entries dropped: ranks relying on them take them up again
-    all_joined: bool
-    last_joined: int  # the rank that joined last (highest rank on ties), -1 if not all joined
-    stop: bool  # every rank asked to shut down
-    drained: bool  # this round runs all the work pending anywhere (and there was some)
-    all_waiting: bool  # every rank had work pending (or had joined)
-    any_waiting: bool
-    union: int  # cache positions some rank had pending
-    stopped: Tuple[int, ...]  # the ranks shutting down (when some are)
-    detail: Optional[Detail]  # every rank's row, in the rounds that gathered them
-    deadlock: Optional[deadlock.Found]  # ranks blocked for good, and what on
 
 
 def _word(value: int) -> bytes:

@@ -10,7 +10,7 @@ from . import timeline
 from .checks import Kind, Request
 from .deadlock import JOIN_KEY
 from .entries import Entry
-from .negotiation import Key, Mine
+from .rounds import Key, Mine
 
 if TYPE_CHECKING:
     from .engine import Engine
