@@ -77,7 +77,8 @@ def submit(process_set: ProcessSet, request: Request, error: Optional[checks.Loc
     """Hand a request to the engine: returns its handle, or with ``blocking`` its result.
     ``on_gpu``: the call's arrays when they live on a GPU (the request then says so, and the
     handle gives results back on the caller's stream)."""
-    require_name(request.name, f"hvdlike.{request.kind}()")
+    if request.name is not None and type(request.name) is not str:
+        require_name(request.name, f"hvdlike.{request.kind}()")
     engine = engine_of(process_set, request.kind)
     if on_gpu is None or on_gpu.restore is None:
         if blocking:

@@ -5,12 +5,27 @@ With requests matched by name, rank 0 blocking on ``a`` and then ``b`` while ran
 after its own wait ends. A round tells every rank when every member of some process set has
 been blocked in ``synchronize()`` (or a blocking collective) for ``HVDLIKE_DEADLOCK_SECONDS``
 without any of its requests running; the ranks then gather what the blocked ranks wait for and
-which of those names each rank has (``Negotiation._deadlock``), and ``find`` decides, the same
+which of those names each rank has (``gather``), and ``find`` decides, the same
 on every rank: a blocked rank is deadlocked when every name it waits for misses only ranks
 that are deadlocked too. A rank that is still computing is never part of a deadlock: a name
 missing such a rank may still come, and that stays the stall inspector's business.
 """
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Callable,
+    Dict,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    cast,
+)
+
+from ..transport.interface import RoundNet
+
+if TYPE_CHECKING:
+    from .rounds import Mine
 
 Key = Tuple[int, str]
 JOIN_KEY: Key = (0, "hvdlike.join")
@@ -66,3 +81,14 @@ def find(waits: Sequence[Sequence[Tuple[Key, str]]], joined: Sequence[bool],
     if any(key[1].startswith("noname.") for r in ranks for key, _ in waits[r]):
         message += " Note: " + _UNNAMED + "."
     return Found(ranks, {r: [key for key, _ in waits[r]] for r in ranks}, message)
+
+
+def gather(mine: "Mine", net: RoundNet, members: Callable[[int], Sequence[int]]) -> Optional[Found]:
+    """Every member of some set is blocked past the deadlock time: gather what the blocked
+    ranks wait for, then which of those each rank has, and find the ranks blocked for good."""
+    waits = cast(List[Tuple[List[Tuple[Key, str]], bool]],
+                 net.allgather((list(mine.waits), mine.joined_round >= 0)))
+    keys = sorted({key for w, _ in waits for key, _ in w})
+    mask = sum(1 << i for i, key in enumerate(keys) if key in mine.pending)
+    has = cast(List[int], net.allgather(mask))
+    return find([list(w) for w, _ in waits], [bool(j) for _, j in waits], keys, has, members)

@@ -39,7 +39,6 @@ them with ordinary blocking collectives. ``Net`` (``transport.interface.RoundNet
 handful of collectives it uses; the engine passes MPI's (``control``),
 ``scripts/bench_control_plane.py`` an in-process stand-in.
 """
-import struct
 from typing import (
     Callable,
     Collection,
@@ -57,11 +56,19 @@ import numpy as np
 from ..transport.interface import RoundNet as Net
 from . import deadlock
 from .checks import Kind, Request, joinable, resolve_or_error
-from .rounds import Detail, Flag, Key, Mine, Response, Round, Summary
+from .rounds import (
+    SLOTS,
+    Detail,
+    Flag,
+    Key,
+    Mine,
+    Response,
+    Round,
+    Summary,
+    gather_detail,
+)
 
-SLOTS = 256  # requests in negotiation at once (seen for the first time, not yet everywhere)
 _SLOT_WORDS = SLOTS // 64
-_DETAIL = struct.Struct("<3q")  # a detail row's header: joined-in round, stopping, stalled
 
 
 _FLAGS = [int(f) for f in Flag]
@@ -241,7 +248,7 @@ class Negotiation:
         if detail is None and (ready & self._set_changes or any(
                 r.request.kind == Kind.PROCESS_SET for r in completed if r.error is None)):
             detail = self._gather_detail(mine, net)  # a set's removal names who was missing
-        found = self._deadlock(mine, net) if s.blocked else None
+        found = deadlock.gather(mine, net, self._members) if s.blocked else None
         last = -1
         if all_joined:  # the rank that joined last; the highest rank on ties
             assert detail is not None
@@ -318,41 +325,10 @@ class Negotiation:
         return out
 
     def _gather_detail(self, mine: Mine, net: Net) -> Detail:
-        """Every rank's row: joined-in round, stopping, stalled, pending cache positions and
-        the slots it has."""
-        have = 0
-        for key, _, _ in mine.uncached:
-            slot = self._slots.get(key)
-            if slot is not None:
-                have |= 1 << slot
-        row = (_DETAIL.pack(mine.joined_round, int(mine.stopping), int(mine.stalled))
-               + mine.bits.to_bytes(self.words * 8, "little")
-               + have.to_bytes(_SLOT_WORDS * 8, "little"))
-        rows = net.allgather_rows(np.frombuffer(row, np.int64)).tobytes()
-        step, at = len(row), _DETAIL.size
-        joined, stopping, bits, haves = [], [], [], []
-        for offset in range(0, self.size * step, step):
-            joined_round, stop, _ = _DETAIL.unpack_from(rows, offset)
-            joined.append(joined_round)
-            stopping.append(stop == 1)
-            end = offset + at + self.words * 8
-            bits.append(int.from_bytes(rows[offset + at:end], "little"))
-            haves.append(int.from_bytes(rows[end:offset + step], "little"))
-        detail = Detail(joined, stopping, bits, haves,
-                        {k: p for k, (p, _) in self._cache.items()}, dict(self._slots))
+        detail = gather_detail(mine, net, self.size, self.words, self._slots,
+                               {k: p for k, (p, _) in self._cache.items()})
         self.prev_detail, self.last_detail = self.last_detail, detail
         return detail
-
-    def _deadlock(self, mine: Mine, net: Net) -> Optional[deadlock.Found]:
-        """Every member of some set is blocked past the deadlock time: gather what the blocked
-        ranks wait for, then which of those each rank has, and find the ranks blocked for good."""
-        waits = cast(List[Tuple[List[Tuple[Key, str]], bool]],
-                     net.allgather((list(mine.waits), mine.joined_round >= 0)))
-        keys = sorted({key for w, _ in waits for key, _ in w})
-        mask = sum(1 << i for i, key in enumerate(keys) if key in mine.pending)
-        has = cast(List[int], net.allgather(mask))
-        return deadlock.find([list(w) for w, _ in waits], [bool(j) for _, j in waits],
-                             keys, has, self._members)
 
     def _is_outside(self, set_id: int) -> bool:
         outside = self._outside.get(set_id)

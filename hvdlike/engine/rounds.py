@@ -3,12 +3,18 @@
 (``Response``), every rank's row when a round gathers them (``Detail``) and the round's
 outcome (``Round``); ``negotiation`` makes and reads them."""
 import enum
+import struct
 from typing import Collection, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
+import numpy as np
+
+from ..transport.interface import RoundNet
 from . import deadlock
 from .checks import LocalError, Request
 
 Key = Tuple[int, str]  # (process set id, name)
+SLOTS = 256  # requests in negotiation at once (seen for the first time, not yet everywhere)
+
 
 class Flag(enum.IntEnum):
     UNPUBLISHED = 0  # has requests no rank has published yet
@@ -94,3 +100,32 @@ class Round(NamedTuple):
     stopped: Tuple[int, ...]  # the ranks shutting down (when some are)
     detail: Optional[Detail]  # every rank's row, in the rounds that gathered them
     deadlock: Optional[deadlock.Found]  # ranks blocked for good, and what on
+
+
+_DETAIL = struct.Struct("<3q")  # a detail row's header: joined-in round, stopping, stalled
+
+
+def gather_detail(mine: Mine, net: RoundNet, size: int, words: int, slots: Dict[Key, int],
+                  positions: Dict[Key, int]) -> Detail:
+    """Every rank's row: joined-in round, stopping, stalled, pending cache positions (``words``
+    64-bit words) and the slots it has (``slots``: key -> slot; ``positions``: key -> cache
+    position, as this round leaves them)."""
+    slot_bytes = SLOTS // 8
+    have = 0
+    for key, _, _ in mine.uncached:
+        slot = slots.get(key)
+        if slot is not None:
+            have |= 1 << slot
+    row = (_DETAIL.pack(mine.joined_round, int(mine.stopping), int(mine.stalled))
+           + mine.bits.to_bytes(words * 8, "little") + have.to_bytes(slot_bytes, "little"))
+    rows = net.allgather_rows(np.frombuffer(row, np.int64)).tobytes()
+    step, at = len(row), _DETAIL.size
+    joined, stopping, bits, haves = [], [], [], []
+    for offset in range(0, size * step, step):
+        joined_round, stop, _ = _DETAIL.unpack_from(rows, offset)
+        joined.append(joined_round)
+        stopping.append(stop == 1)
+        end = offset + at + words * 8
+        bits.append(int.from_bytes(rows[offset + at:end], "little"))
+        haves.append(int.from_bytes(rows[end:offset + step], "little"))
+    return Detail(joined, stopping, bits, haves, positions, dict(slots))
