@@ -23,7 +23,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import pytest
 
 from hvdlike.runner import Flavor, LaunchError, build_command, find_mpirun, parse_flavor
-from hvdlike.runner.launch import forwarded_env_names, local_cores
+from hvdlike.runner.command import forwarded_env_names, local_cores
 from hvdlike.runner.mpi_flavor import version_text
 from mpi_harness import mpich_prefix, startup_failed
 
@@ -641,7 +641,7 @@ def test_local_job_gets_one_thread_pool_share_per_rank_unless_set():
 
 
 def test_oversubscribed_hosts_get_mpi_yield_when_idle_unless_set():
-    from hvdlike.runner.launch import build_command
+    from hvdlike.runner.command import build_command
     cores = local_cores()
 
     def yields(**kw):

@@ -2,8 +2,10 @@
 
 Standard library only: importing the runner never loads MPI, NumPy or TensorFlow.
 """
-from .launch import LaunchError, build_command, format_command, main, run_command
+from .command import LaunchError, build_command, format_command
+from .launch import main
 from .mpi_flavor import Flavor, find_mpirun, parse_flavor
+from .process import run_command
 
 __all__ = ["Flavor", "LaunchError", "build_command", "find_mpirun", "format_command", "main",
            "parse_flavor", "run_command"]

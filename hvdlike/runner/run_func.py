@@ -26,7 +26,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import cloudpickle
 
-from .launch import _parse_hosts, end_process
+from .command import parse_hosts
+from .process import end_process
 
 _ADDRESS = "HVDLIKE_RUN_ADDRESS"  # host:port the ranks connect back to
 _KEY = "HVDLIKE_RUN_AUTHKEY"  # hex of the connection key
@@ -203,7 +204,7 @@ def _reachable_address(hosts: Optional[str], hostfile: Optional[str]) -> str:
     route to the first host that is not this machine (no packet is sent); 127.0.0.1 when
     every host is this machine; its host name when no route is known."""
     if hosts:
-        names = [name for name, _ in _parse_hosts(hosts)]
+        names = [name for name, _ in parse_hosts(hosts)]
     else:
         with open(str(hostfile)) as f:
             lines = [line.split("#")[0].strip() for line in f]
