@@ -655,7 +655,7 @@ if not compat.use_legacy_keras():  # tf_keras has no "auto": it compiles with XL
         LossScaleOptimizer) "auto" means off. Without a GPU Keras resolves "auto" to off
         anyway, so Keras's GPU answer ("on") is a stand-in here, and the check also asserts
         that the resolver Keras models call is hvdlike's."""
-        from hvdlike.tensorflow import optimizer as hvd_optimizer
+        from hvdlike.tensorflow import keras_patches as hvd_optimizer
         on_a_gpu_machine = hvd_optimizer._auto_jit_off_when_distributed(lambda model: True)
         LSO, SGD = keras.mixed_precision.LossScaleOptimizer, keras.optimizers.SGD
         for opt, xla in ((SGD(0.1), True), (hvdk.DistributedOptimizer(SGD(0.1)), False),
