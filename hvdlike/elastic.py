@@ -31,10 +31,10 @@ import functools
 import importlib
 import os
 import pickle
-import tempfile
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from . import control_collectives, runtime
+from .base import files
 from .base.errors import HostsUpdatedInterrupt, RanksFailedError  # noqa: F401 - Horovod's names
 from .base.log import logger
 from .runtime import shrink
@@ -82,7 +82,7 @@ class State:
         self.check_host_updates()
         directory = os.environ.get("HVDLIKE_STATE_DIR")
         if directory and runtime.rank() == 0:
-            _write_atomically(os.path.join(directory, _STATE_FILE), self._saved)
+            files.write_atomically(os.path.join(directory, _STATE_FILE), self._saved)
 
     def check_host_updates(self) -> None:
         """Horovod raises HostsUpdatedInterrupt here when hosts joined; hvdlike has no host
@@ -200,24 +200,6 @@ def _load_committed(state: State) -> None:
     state._apply(snapshot)
     state.save()
     logger.warning(f"elastic: resuming from the state committed in {path}")
-
-
-def _write_atomically(path: str, snapshot: Any) -> None:
-    """Write ``snapshot`` to ``path`` so that a kill at any moment leaves the previous file
-    or the new one, never a torn one: a temporary file in the same folder, fsync, rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(snapshot, f, protocol=pickle.HIGHEST_PROTOCOL)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 _LAZY_NAMES = {  # loaded on first use: TensorFlow

@@ -54,9 +54,10 @@ import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import runtime
-from hvdlike.elastic import _write_atomically
+from hvdlike.base.files import write_atomically
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.compression import Compression
+from hvdlike.tensorflow.ps_optimizer import worker_optimizer
 
 _HEADER, _PAYLOAD, _REPLY = 11, 12, 13  # message tags
 _PUSH, _DONE = 1, 2  # header kinds
@@ -111,7 +112,7 @@ class ParameterServerTraining:
         if self.is_server:
             self._shard = self._shards[self.servers.index(self.rank)]
             self._load_checkpoint()
-        self.optimizer = _worker_optimizer(optimizer, self)
+        self.optimizer = worker_optimizer(optimizer, self)
 
     # ------------------------------------------------------------------ every rank
 
@@ -305,7 +306,7 @@ class ParameterServerTraining:
         snapshot = {"weights": [self.variables[i].numpy() for i in self._shard],
                     "optimizer": [v.numpy() for v in _variables_of(self._server_optimizer)],
                     "updates": version, "pushes_applied": self._pushes_applied}
-        _write_atomically(self._checkpoint_path(), snapshot)
+        write_atomically(self._checkpoint_path(), snapshot)
 
     def _load_checkpoint(self) -> None:
         if not self.checkpoint_dir or not os.path.exists(self._checkpoint_path()):
@@ -373,50 +374,3 @@ def _shard_by_bytes(variables: List[Any], num_servers: int) -> List[List[int]]:
         shards[target].append(i)
         load[target] += nbytes[i]
     return [sorted(s) for s in shards]
-
-
-def _worker_optimizer(optimizer: Any, trainer: ParameterServerTraining) -> Any:
-    """A subclass of ``type(optimizer)`` whose update pushes the gradients to the servers and
-    assigns the weights they send back."""
-    base = type(optimizer)
-    mixin = _LegacyPush if compat.use_legacy_keras() else _Keras3Push
-    cls = type(base.__name__, (mixin, base), {"_hvd_trainer": trainer})
-    cls.__module__, cls.__qualname__ = base.__module__, base.__qualname__
-    return cls.from_config(optimizer.get_config())
-
-
-class _PushMixin:
-    _hvd_trainer: ParameterServerTraining
-
-    def _hvd_push(self, grads: List[Any], variables: List[Any]) -> None:
-        trainer = self._hvd_trainer
-        if [id(v) for v in variables] != [id(v) for v in trainer.variables]:
-            order = {id(v): i for i, v in enumerate(variables)}
-            missing = [v.name for v in trainer.variables if id(v) not in order]
-            raise ValueError("ParameterServerTraining: the optimizer must update exactly the "
-                             f"model's trainable variables, in order (missing: {missing[:5]})")
-        dense = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                 for g, v in zip(grads, variables)]
-
-        def exchange(*arrays: np.ndarray) -> List[np.ndarray]:
-            return trainer.push_and_pull(list(arrays))
-
-        new = tf.numpy_function(exchange, dense, [tf.float32] * len(dense), stateful=True,
-                                name="HvdlikePushPull")
-        for v, value in zip(variables, new):
-            v.assign(tf.cast(tf.reshape(value, v.shape), v.dtype))
-        self.iterations.assign_add(1)
-
-
-class _Keras3Push(_PushMixin):
-    def apply(self, grads: Any, trainable_variables: Any = None) -> None:
-        variables = list(trainable_variables if trainable_variables is not None
-                          else self._hvd_trainer.variables)
-        self._hvd_push(list(grads), variables)
-
-
-class _LegacyPush(_PushMixin):
-    def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
-        pairs = list(grads_and_vars)
-        self._hvd_push([g for g, _ in pairs], [v for _, v in pairs])
-        return self.iterations
