@@ -39,7 +39,7 @@ from . import elastic
 from .base.errors import (CollectiveMismatchError, DeadlockError, HostsUpdatedInterrupt,
                           NotInitializedError, RanksFailedError)
 from .handles import Handle, poll, synchronize
-from .process_sets import (ProcessSet, add_process_set, comm_process_set_id,
+from .process_sets import (ProcessSet, add_process_set, comm_process_set_id, init,
                            get_process_set_ids_and_ranks, global_process_set,
                            remove_process_set)
 from .base.reduce_ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
@@ -62,7 +62,6 @@ from .runtime.capabilities import (
 from .runtime import (
     cross_rank,
     cross_size,
-    init,
     is_homogeneous,
     is_initialized,
     local_rank,

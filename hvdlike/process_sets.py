@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 from . import runtime
 from .base.errors import CollectiveMismatchError
 from .engine.checks import Kind, Request, raised_on_every_rank
+from .runtime import sets as _sets
 
 if TYPE_CHECKING:
     from .transport.group import Group
@@ -44,14 +45,16 @@ class ProcessSet:
         # on members: the set's communicator and on-node transports; None elsewhere
         self.group: Optional["Group"] = None
 
-    def _bind(self, process_set_id: int, ranks: List[int], comm: Any) -> None:
+    def bind(self, process_set_id: int, ranks: List[int], comm: Any) -> None:
+        """Register as set ``process_set_id`` of ``ranks`` (``comm``: its communicator on
+        members, None elsewhere). The runtime and the set registration call it, not users."""
         self.process_set_id, self.ranks = process_set_id, ranks
         self.group = runtime.group_of(ranks, comm) if comm is not None else None
         _registry[process_set_id] = self
 
-    def _unbind(self, release: bool = True) -> None:
+    def unbind(self, release: bool = True) -> None:
         """Forget the set; ``release``: free its transports too (collective), and its
-        communicator unless it is the world's."""
+        communicator unless it is the world's. Called at shutdown and set removal."""
         if self.process_set_id is not None:
             _registry.pop(self.process_set_id, None)
         if self.group is not None and release:
@@ -77,9 +80,15 @@ class ProcessSet:
 
 global_process_set = ProcessSet(())
 """All ranks of the world (id 0); bound by ``hvdlike.init()``."""
+_sets.use_global(global_process_set)
 
-_registry: Dict[int, ProcessSet] = {}
-_free_ids: List[int] = []  # ids of removed sets, given again first-removed first (as Horovod)
+_registry: Dict[int, ProcessSet] = _sets.REGISTERED  # type: ignore[assignment]
+_free_ids = _sets.FREE_IDS
+
+
+def registered() -> Dict[int, ProcessSet]:
+    """The registered process sets by id (the global set's id is 0)."""
+    return dict(_registry)
 
 
 def require_process_set(process_set: Any, what: str) -> None:
@@ -140,6 +149,31 @@ def _ranks_error(ranks: List[int], size: int) -> Optional[str]:
     if ranks[0] < 0 or ranks[-1] >= size:
         return f"process set ranks {ranks} must lie in 0..{size - 1}"
     return None
+
+
+def init(comm: Any = None, process_sets: Optional[Sequence[Union[ProcessSet, Iterable[int]]]] = None,
+         abort_on_exception: Optional[bool] = None) -> None:
+    """Start hvdlike on every rank. Idempotent.
+
+    comm: an mpi4py communicator to run on (default ``MPI.COMM_WORLD``; it is duplicated so
+    hvdlike's traffic never mixes with yours), or, as in Horovod, a list of ranks of
+    ``MPI.COMM_WORLD`` to run on, in that order (every world rank calls ``init`` with the same
+    list; a rank not in it gets ValueError). Without mpirun this is a world of size 1.
+    process_sets: process sets to register now, as ProcessSet objects (of ranks, or of mpi4py
+    communicators, which may differ between ranks, e.g. from ``Split``) or lists of ranks. The
+    distinct sets among all ranks' lists get ids 1, 2, ... (see ``register_at_init``).
+    abort_on_exception: if True (default, or HVDLIKE_ABORT_ON_EXCEPTION), an uncaught exception
+    on any rank calls MPI_Abort so the other ranks stop instead of hanging.
+    """
+    if runtime.is_initialized():
+        return
+    runtime.init(comm, abort_on_exception)
+    try:
+        if process_sets:
+            register_at_init(process_sets)
+    except BaseException:  # the same error on every rank: leave nothing half-initialized
+        runtime.shutdown()
+        raise
 
 
 def register_at_init(process_sets: Sequence[Union[ProcessSet, Iterable[int]]]) -> None:
@@ -285,7 +319,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
             return False
         st.engine.forget_set(process_set.process_set_id)
         _free_ids.append(process_set.process_set_id)
-        process_set._unbind()
+        process_set.unbind()
         return True
 
     return _in_engine(st, unregister)
@@ -297,23 +331,9 @@ def _bind_next(st: "runtime.State", ps: ProcessSet, ranks: List[int]) -> None:
     member = st.rank in ranks
     comm = st.world.Split(color=0 if member else st.mpi.UNDEFINED, key=st.rank)
     set_id = _free_ids.pop(0) if _free_ids else max(_registry) + 1
-    ps._bind(set_id, ranks, comm if member else None)
+    ps.bind(set_id, ranks, comm if member else None)
 
 
 def _in_engine(st: "runtime.State", change: Any) -> Any:
     request = Request(Kind.PROCESS_SET, None, None, None)
     return st.engine.submit(request, None, change, global_process_set).synchronize()
-
-
-def _release_all() -> None:
-    for ps in list(_registry.values()):
-        ps._unbind()
-    _free_ids.clear()
-
-
-def _drop_all() -> None:
-    """Forget every set without freeing its MPI objects (their world lost ranks: freeing is
-    collective and cannot complete)."""
-    for ps in list(_registry.values()):
-        ps._unbind(release=False)
-    _free_ids.clear()

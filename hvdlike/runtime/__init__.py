@@ -15,8 +15,7 @@ import sys
 from types import ModuleType
 from typing import Any, List, Optional, Sequence
 
-from .. import process_sets as _ps
-from . import ending, session_dirs
+from . import ending, session_dirs, sets
 from .abort_notice import AbortNotice
 from ..base import log
 from ..base.errors import NotInitializedError
@@ -65,18 +64,13 @@ def state(what: str = "this call") -> State:
     return _state
 
 
-def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = None,
-         abort_on_exception: Optional[bool] = None) -> None:
+def init(comm: Any = None, abort_on_exception: Optional[bool] = None) -> None:
     """Start hvdlike on every rank. Idempotent.
 
     comm: an mpi4py communicator to run on (default ``MPI.COMM_WORLD``; it is duplicated so
     hvdlike's traffic never mixes with yours), or, as in Horovod, a list of ranks of
     ``MPI.COMM_WORLD`` to run on, in that order (every world rank calls ``init`` with the same
     list; a rank not in it gets ValueError). Without mpirun this is a world of size 1.
-    process_sets: process sets to register now, as ProcessSet objects (of ranks, or of mpi4py
-    communicators, which may differ between ranks, e.g. from ``Split``) or lists of ranks. The
-    distinct sets among all ranks' lists get ids 1, 2, ... (see
-    ``process_sets.register_at_init``).
     abort_on_exception: if True (default, or HVDLIKE_ABORT_ON_EXCEPTION), an uncaught exception
     on any rank calls MPI_Abort so the other ranks stop instead of hanging.
     """
@@ -123,9 +117,9 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
         cross_size=cross_comm.Get_size(), homogeneous=len(set(local_sizes)) == 1,
         node_of_rank=node_of_rank,
     )
-    _ps.global_process_set._bind(0, list(range(size)), world)
+    sets.bind_global(size, world)
     from ..engine.engine import Engine
-    _state.engine = Engine(_state, _ps._registry, ending.finalize_with_deadline_at_exit)
+    _state.engine = Engine(_state, sets.REGISTERED, ending.finalize_with_deadline_at_exit)
     if settings.timeline:
         start_timeline(settings.timeline, settings.timeline_mark_cycles)
     if not _atexit_registered:
@@ -136,12 +130,6 @@ def init(comm: Any = None, process_sets: Optional[Sequence["_ps.ProcessSet"]] = 
     abort = settings.abort_on_exception if abort_on_exception is None else abort_on_exception
     if abort and size > 1:
         ending.install_abort_hook(_state)
-    try:
-        if process_sets:
-            _ps.register_at_init(process_sets)
-    except BaseException:  # the same error on every rank: leave nothing half-initialized
-        shutdown()
-        raise
 
 
 _replacement: List[bool] = []
@@ -269,7 +257,7 @@ def shutdown() -> None:
         return
     st.engine.stop()
     timeline.stop_timeline()
-    _ps._release_all()
+    sets.unbind_all(release=True)
     if st.abort_notice is not None:
         st.abort_notice.free()
     for comm in (st.cross_comm, st.local_comm, st.world):
@@ -292,7 +280,7 @@ def forget_world() -> None:
     """Forget the world and its process sets without freeing them (ranks died: freeing is
     collective over them); ``runtime.shrink`` then starts a new one."""
     global _state
-    _ps._drop_all()
+    sets.unbind_all(release=False)
     _state = None
 
 

@@ -57,10 +57,11 @@ def _int_op(value, name):
 
 def _process_set(process_set_id, what):
     _runtime.state(f"hvdlike.tensorflow.{what}")
-    ps = _process_sets._registry.get(process_set_id)
+    registered = _process_sets.registered()
+    ps = registered.get(process_set_id)
     if ps is None:
         raise ValueError(f"hvdlike.tensorflow.{what}: no process set has id {process_set_id}; "
-                         f"registered ids: {sorted(_process_sets._registry)}")
+                         f"registered ids: {sorted(registered)}")
     return ps
 
 

@@ -247,7 +247,7 @@ def failed_init_leaves_nothing_behind() -> Dict[str, Any]:
     out["initialized after bad names"] = hvd.is_initialized()
     hvd.init(process_sets=[hvd.ProcessSet([0])])
     out["sum"] = hvd.allreduce(np.ones(1), op=hvd.Sum).tolist()
-    out["sets"] = len(hvd.process_sets._registry)
+    out["sets"] = len(hvd.process_sets.registered())
     return out
 
 
