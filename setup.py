@@ -11,7 +11,7 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["hvdlike", "hvdlike.*"]),
     # C and C++ sources built on first use (hvdlike/native.py)
-    package_data={"hvdlike.runner": ["bind_shim.c"], "hvdlike.tensorflow": ["wait_kernel.cc"]},
+    package_data={"hvdlike.base": ["bind_shim.c"], "hvdlike.tensorflow": ["wait_kernel.cc"]},
     install_requires=[
         "numpy>=1.23",
         # ml_dtypes 0.7.0 takes 0.6 s of CPU to import (0.5 and 0.6: under 0.05 s), paid by

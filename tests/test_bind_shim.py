@@ -1,4 +1,4 @@
-"""The bind shim (hvdlike/runner/bind_shim.c): with ``HVDLIKE_TF_BIND=PORT=IP`` a bind of
+"""The bind shim (hvdlike/base/bind_shim.c): with ``HVDLIKE_TF_BIND=PORT=IP`` a bind of
 the wildcard address on PORT binds IP instead, and nothing else changes. Real sockets in
 real processes with the shim preloaded; hvdlikerun preloads it into its ranks. (That
 TensorFlow's servers then listen only on their TF_CONFIG address is checked by the native
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from hvdlike.runner import bind_shim
+from hvdlike.base import bind_shim
 
 # Prints, as JSON, the address each listed bind ended on (or the errno it failed with).
 BIND_SCRIPT = """
@@ -110,7 +110,7 @@ def test_hvdlikerun_preloads_the_shim_and_forwards_it_to_other_hosts(library):
 
 
 def test_the_loaded_check_sees_the_preloaded_shim(library):
-    code = "from hvdlike.runner import bind_shim; print(bind_shim.loaded())"
+    code = "from hvdlike.base import bind_shim; print(bind_shim.loaded())"
     for preload, expected in ((library, "True"), (None, "False")):
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         if preload:

@@ -197,7 +197,7 @@ def test_native_parameter_servers_across_hosts_listen_only_on_their_host_address
     and the servers on host A listen on host A's test address only (the bind shim preloaded
     as hvdlikerun does), not on every interface."""
     pytest.importorskip("tensorflow", reason="needs TensorFlow (pip install -e .[tf])")
-    from hvdlike.runner import bind_shim
+    from hvdlike.base import bind_shim
     shim = bind_shim.preload_env({})
     if not shim:
         pytest.skip("the bind shim cannot be built here (needs Linux and a C compiler)")

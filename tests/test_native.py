@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdlike import native
+from hvdlike.base import native
 
 CC = shutil.which("cc") or shutil.which("gcc")
 needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler (cc or gcc) on this machine")

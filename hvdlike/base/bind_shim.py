@@ -15,11 +15,10 @@ changes nothing.
 import ctypes
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Dict, Mapping, Optional
 
-from .. import native
+from . import native
 
 VARIABLE = "HVDLIKE_TF_BIND"
 SOURCE = Path(__file__).with_name("bind_shim.c")
@@ -56,16 +55,3 @@ def loaded() -> bool:
         return False
     return True
 
-
-def main() -> int:
-    path = library()
-    if path is None:
-        print("hvdlike.runner.bind_shim: cannot build the shim (needs Linux and a C compiler: "
-              "cc, gcc, or $CC)", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence
 
+from ..base import bind_shim
 from . import horovod_flags
 from .command import (
     LAUNCHERS,
@@ -115,7 +116,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out.append("--oversubscribe")
         return out
 
-    from . import bind_shim  # here: `python -m hvdlike.runner.bind_shim` runs it as __main__
     try:
         if elastic and uses_srun(args.launcher, os.environ, args.hosts, args.hostfile):
             raise LaunchError("--elastic runs under mpirun (Open MPI with ULFM); srun ends the "

@@ -18,7 +18,7 @@ by every rank (it is a collective).
 TensorFlow's gRPC servers bind the wildcard address of their port (every interface) and
 take no bind address; ``export_tf_config`` has the rank's server listen on the address it
 publishes only, through the bind shim that ``hvdlikerun`` preloads
-(:mod:`hvdlike.runner.bind_shim`), and warns where a rank runs without it.
+(:mod:`hvdlike.base.bind_shim`), and warns where a rank runs without it.
 """
 import ipaddress
 import json
@@ -27,8 +27,7 @@ import socket
 from typing import Any, Dict, Optional, Sequence
 
 import hvdlike as _core
-from hvdlike.base import log
-from hvdlike.runner import bind_shim
+from hvdlike.base import bind_shim, log
 
 ROLES = ("chief", "worker", "evaluator", "ps")
 

@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdlike as _core
-from hvdlike import native
+from hvdlike.base import native
 from hvdlike.base.log import logger
 
 SOURCE = Path(__file__).with_name("wait_kernel.cc")
