@@ -27,6 +27,7 @@ from . import adasum, fusion
 from .checks import Kind, Request
 from .scaling import half, scaler, wire_op
 from .work import Empty, Phases, Work, pool, results
+from .world import World
 
 
 def fusion_key(work: Work, i: int) -> Tuple[Any, ...]:
@@ -34,7 +35,7 @@ def fusion_key(work: Work, i: int) -> Tuple[Any, ...]:
     return (id(work.process_set), r.op, r.scale, work.inputs[i].dtype)
 
 
-def run_allreduces(st: Any, works: Sequence[Work],
+def run_allreduces(st: World, works: Sequence[Work],
                    trace: Optional[Callable[[List[int], Phases, Dict[str, Any]], None]] = None,
                    empty: Empty = results.empty) -> None:
     """Run every all-reduce response of a round, fused into buckets by bytes. ``trace``
@@ -88,7 +89,7 @@ def _grouped_plan(request: Request, threshold: int) -> Tuple[List[List[int]], Li
     return fusion.plan_buckets(given, sizes, threshold), sizes
 
 
-def allreduce_now(st: Any, request: Request, inputs: List[np.ndarray], process_set: Any,
+def allreduce_now(st: World, request: Request, inputs: List[np.ndarray], process_set: Any,
                   empty: Empty = results.empty) -> Any:
     """The result of one all-reduce response (allreduce or grouped_allreduce) run alone."""
     if len(inputs) == 1:
@@ -132,7 +133,7 @@ def _plan(dtype: np.dtype, op_value: int, scale: Tuple[float, float], n: int) ->
                  scaler(op, postscale, n, half(dtype, work)))
 
 
-def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
+def _allreduce_bucket(st: World, request: Request, ps: Any, arrays: List[np.ndarray],
                       phases: Phases = None, empty: Empty = results.empty) -> List[np.ndarray]:
     """All-reduce arrays sharing op, factors and reduction dtype; returns new arrays."""
     if request.op == ReduceOp.ADASUM:
@@ -227,7 +228,7 @@ def _allreduce_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarra
     return reduced
 
 
-def _adasum_bucket(st: Any, request: Request, ps: Any, arrays: List[np.ndarray],
+def _adasum_bucket(st: World, request: Request, ps: Any, arrays: List[np.ndarray],
                    phases: Phases, empty: Empty) -> List[np.ndarray]:
     """Adasum of float arrays of one dtype: packed (prescaled) into one reused flat buffer in
     the reduction dtype, combined tensor by tensor over the set's ranks through MPI point to

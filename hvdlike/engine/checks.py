@@ -32,14 +32,10 @@ class Kind(str, enum.Enum):
     PROCESS_SET = "process_set"
     EXCLUSIVE_MPI = "exclusive_mpi"
 
-    def __hash__(self) -> int:
-        return hash(self.value)
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
+    # the str's own methods (C slots: no Python call where a kind is a dict key)
+    __hash__ = str.__hash__
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
 
 
 class Request(NamedTuple):

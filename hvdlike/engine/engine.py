@@ -46,6 +46,7 @@ from .negotiation import Negotiation
 from .rounds import Detail, Flag, Key, Mine, Summary
 from .stall import StallInspector
 from .work import Work, results
+from .world import World
 
 _IDLE_FACTOR = 10  # idle ticks are this many cycle times apart
 _COMPANY_SECONDS = 0.1  # ticks stay a cycle apart this long after a set without this rank had work
@@ -58,7 +59,7 @@ class Engine:
     ``ranks``, and ``group``, the set's transports on a member, None elsewhere);
     ``on_failure``: called once ranks died and the engine is over."""
 
-    def __init__(self, st: Any, sets: Mapping[int, Any],
+    def __init__(self, st: World, sets: Mapping[int, Any],
                  on_failure: Callable[[], None] = lambda: None) -> None:
         self._st = st
         self.sets = sets

@@ -11,11 +11,12 @@ from . import fusion
 from .checks import Kind
 from .scaling import half, scale_in_place, wire_op
 from .work import Work, pool, results, row_bytes
+from .world import World
 
 # ----------------------------------------------------------------------------- the others
 
 
-def _allgatherv(st: Any, ps: Any) -> Callable[..., None]:
+def _allgatherv(st: World, ps: Any) -> Callable[..., None]:
     """How a blocking all-gather of ``ps`` moves its bytes (send, recv, counts): node by node
     for the world on several nodes numbered node after node (HVDLIKE_HIERARCHICAL_ALLGATHER),
     else one MPI call over the set."""
@@ -25,7 +26,7 @@ def _allgatherv(st: Any, ps: Any) -> Callable[..., None]:
     return functools.partial(t.allgatherv, comm)
 
 
-def allgather(st: Any, work: Work) -> Any:
+def allgather(st: World, work: Work) -> Any:
     arrays: List[np.ndarray] = work.inputs
     group, t = work.process_set.group, st.transport
     rows = t.allgather_ints(group.comm, np.array([a.shape[0] for a in arrays], np.int64))
@@ -58,7 +59,7 @@ def allgather(st: Any, work: Work) -> Any:
     return outs
 
 
-def broadcast(st: Any, work: Work) -> np.ndarray:
+def broadcast(st: World, work: Work) -> np.ndarray:
     (a,) = work.inputs
     ps = work.process_set
     root = ps.ranks.index(work.request.root_rank())
@@ -69,7 +70,7 @@ def broadcast(st: Any, work: Work) -> np.ndarray:
     return out
 
 
-def alltoall(st: Any, work: Work) -> Tuple[np.ndarray, np.ndarray]:
+def alltoall(st: World, work: Work) -> Tuple[np.ndarray, np.ndarray]:
     a, send_splits = work.inputs
     comm, t = work.process_set.group.comm, st.transport
     recv_splits = t.alltoall_ints(comm, send_splits)
@@ -84,7 +85,7 @@ def scatter_rows(d0: int, n: int) -> np.ndarray:
     return np.array([d0 // n + (r < d0 % n) for r in range(n)], np.int64)
 
 
-def reducescatter(st: Any, work: Work) -> Any:
+def reducescatter(st: World, work: Work) -> Any:
     arrays: List[np.ndarray] = work.inputs
     request, ps = work.request, work.process_set
     comm = ps.group.comm
@@ -125,24 +126,24 @@ def reducescatter(st: Any, work: Work) -> Any:
     return out[0] if request.kind == Kind.REDUCESCATTER else out
 
 
-def barrier(st: Any, work: Work) -> None:
+def barrier(st: World, work: Work) -> None:
     st.transport.barrier(work.process_set.group.comm)
 
 
-def broadcast_object(st: Any, work: Work) -> Any:
+def broadcast_object(st: World, work: Work) -> Any:
     """``work.inputs``: the root's pickled object (None elsewhere); every rank unpickles."""
     ps = work.process_set
     root = ps.ranks.index(work.request.root_rank())
     return pickle.loads(st.transport.bcast_object(ps.group.comm, work.inputs, root))
 
 
-def allgather_object(st: Any, work: Work) -> List[Any]:
+def allgather_object(st: World, work: Work) -> List[Any]:
     """``work.inputs``: this rank's pickled object."""
     return [pickle.loads(b)
             for b in st.transport.allgather_object(work.process_set.group.comm, work.inputs)]
 
 
-def call(st: Any, work: Work) -> Any:
+def call(st: World, work: Work) -> Any:
     """Run ``work.inputs`` (a function of no arguments) in the engine: process-set changes,
     pausing the engine for ``exclusive_mpi``."""
     return work.inputs()

@@ -28,6 +28,7 @@ from .checks import Kind, Request
 from .execute import scatter_rows
 from .scaling import half, scale_in_place, scaler
 from .work import Phases, Work, row_bytes
+from .world import World
 
 STAGED = "staged"
 _transports: Dict[int, Any] = {}  # process set id -> nccl_transport.Communicator or STAGED
@@ -47,7 +48,7 @@ def reset() -> None:
 
 # ----------------------------------------------------------------------------- choosing
 
-def _transport(st: Any, work: Work, device_id: int) -> Any:
+def _transport(st: World, work: Work, device_id: int) -> Any:
     ps = work.process_set
     chosen = _transports.get(ps.process_set_id)
     if chosen is None:
@@ -55,7 +56,7 @@ def _transport(st: Any, work: Work, device_id: int) -> Any:
     return chosen
 
 
-def _choose(st: Any, ps: Any, device_id: int) -> Any:
+def _choose(st: World, ps: Any, device_id: int) -> Any:
     setting = st.settings.gpu_transport
     try:
         gpu.nccl_module()
@@ -104,7 +105,7 @@ def _first_array(value: Any) -> Any:
     return None if isinstance(value, np.ndarray) else value
 
 
-def run_allreduces(st: Any, works: Sequence[Work],
+def run_allreduces(st: World, works: Sequence[Work],
                    trace: Optional[Callable[[List[int], Phases, Dict[str, Any]], None]] = None
                    ) -> None:
     """Run every GPU all-reduce response of a round (see ``allreduce.run_allreduces``)."""
@@ -122,7 +123,7 @@ def run_allreduces(st: Any, works: Sequence[Work],
         _nccl_allreduces(st, direct, trace)
 
 
-def run(st: Any, work: Work) -> Any:
+def run(st: World, work: Work) -> Any:
     """Run one GPU response of another collective; returns the ``gpu.DeviceResult``."""
     device = _device_of(work)
     t = _transport(st, work, device)
@@ -203,7 +204,7 @@ def _staged(work: Work, device: int) -> Work:
 
 # ----------------------------------------------------------------------------- NCCL runners
 
-def _nccl_allreduces(st: Any, items: List[Tuple[int, Work, Any, int]],
+def _nccl_allreduces(st: World, items: List[Tuple[int, Work, Any, int]],
                      trace: Optional[Callable[[List[int], Phases, Dict[str, Any]], None]]) -> None:
     tensors = [(k, i) for k, (_, work, _, _) in enumerate(items)
                for i in range(len(work.inputs.inputs))]
@@ -296,7 +297,7 @@ def _bytes(a: Any) -> Any:
     return a.reshape(-1).view(np.uint8)
 
 
-def _allgather(st: Any, work: Work, comm: Any, stream: Any) -> Any:
+def _allgather(st: World, work: Work, comm: Any, stream: Any) -> Any:
     cp = gpu.cupy()
     arrays = work.inputs.inputs
     rows = st.transport.allgather_ints(work.process_set.group.comm,
@@ -321,7 +322,7 @@ def _allgather(st: Any, work: Work, comm: Any, stream: Any) -> Any:
     return outs[0] if work.request.kind == Kind.ALLGATHER else outs
 
 
-def _broadcast(st: Any, work: Work, comm: Any, stream: Any) -> Any:
+def _broadcast(st: World, work: Work, comm: Any, stream: Any) -> Any:
     (a,) = work.inputs.inputs
     ps = work.process_set
     root = ps.ranks.index(work.request.root_rank())
@@ -332,7 +333,7 @@ def _broadcast(st: Any, work: Work, comm: Any, stream: Any) -> Any:
     return out
 
 
-def _alltoall(st: Any, work: Work, comm: Any, stream: Any) -> Tuple[Any, np.ndarray]:
+def _alltoall(st: World, work: Work, comm: Any, stream: Any) -> Tuple[Any, np.ndarray]:
     a, send_splits = work.inputs.inputs
     recv_splits = st.transport.alltoall_ints(work.process_set.group.comm, send_splits)
     out = gpu.cupy().empty((int(recv_splits.sum()),) + a.shape[1:], a.dtype)
@@ -341,7 +342,7 @@ def _alltoall(st: Any, work: Work, comm: Any, stream: Any) -> Tuple[Any, np.ndar
     return out, recv_splits
 
 
-def _reducescatter(st: Any, work: Work, comm: Any, stream: Any) -> Any:
+def _reducescatter(st: World, work: Work, comm: Any, stream: Any) -> Any:
     """Each array: rank r's rows go to block r of a buffer padded to the largest block, NCCL
     reduce-scatters the blocks, each rank keeps the rows of its own."""
     cp = gpu.cupy()

@@ -104,8 +104,3 @@ def in_xla_context() -> bool:
         return bool(_cfu.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
     except Exception:  # pragma: no cover
         return False
-
-
-def numpy_dtype(tf_dtype: tf.DType) -> Any:
-    """NumPy dtype for a tf.DType (bfloat16 maps to ml_dtypes.bfloat16)."""
-    return tf_dtype.as_numpy_dtype

@@ -158,14 +158,3 @@ def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
                      process_set: _core.ProcessSet = _core.global_process_set) -> List[Any]:
     """Return ``[obj of rank 0, obj of rank 1, ...]`` on every rank (TF tensors as NumPy)."""
     return _core.allgather_object(_plain(obj, session), name=name, process_set=process_set)
-
-
-def broadcast_model_and_optimizer(model: Any, optimizer: Any = None, root_rank: int = 0,
-                                  process_set: _core.ProcessSet = _core.global_process_set
-                                  ) -> None:
-    """Broadcast a Keras model's variables and (if built) its optimizer's variables."""
-    variables = list(model.variables)
-    opt = optimizer if optimizer is not None else getattr(model, "optimizer", None)
-    if opt is not None:
-        variables += list(getattr(opt, "variables", []) or [])
-    broadcast_variables(variables, root_rank, process_set=process_set)
