@@ -35,6 +35,10 @@ setup(
                  "tf-keras>=2.16"],
         # scripts/lint.sh: ruff, import-linter for the layers, mypy on the core (pyproject.toml)
         "lint": ["ruff>=0.6", "import-linter>=2.1", "mypy>=1.10"],
+        # the documentation site (mkdocs.yml): MkDocs, its Material theme, the API reference
+        # from the docstrings (mkdocstrings)
+        "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5", "mkdocstrings>=0.26",
+                 "mkdocstrings-python>=1.12"],
     },
     entry_points={"console_scripts": ["hvdlikerun = hvdlike.runner.launch:main"]},
     classifiers=[

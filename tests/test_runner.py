@@ -934,3 +934,60 @@ def test_a_job_started_with_horovodrun_flags_runs_with_those_settings(openmpi):
     assert done.returncode == 0, done.stderr
     for rank in range(2):
         assert f"SETTINGS rank={rank} cycle=4.0 stall=9.0" in done.stdout
+
+
+_TF_STARTUP = (
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+    "I0000 00:00:1796222772.530356   28303 port.cc:153] oneDNN custom operations are on. You "
+    "may see slightly different numerical results.\n"
+    "I0000 00:00:1796222772.531406   28303 cudart_stub.cc:31] Could not find cuda drivers on "
+    "your machine, GPU will not be used.\n"
+    "E0000 00:00:1796222705.277319   27903 cuda_platform.cc:52] failed call to cuInit: "
+    "INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)\n")
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_tensorflows_startup_lines_are_left_out_of_the_jobs_output_unless_asked_for(keep):
+    """Each rank's TensorFlow start-up lines (printed whatever TF_CPP_MIN_LOG_LEVEL says) leave
+    hvdlikerun's output; the rank's own stderr lines, and TensorFlow's others, stay;
+    HVDLIKE_TF_STARTUP_LOGS=1 keeps them all."""
+    code = ("import sys, hvdlike as h; h.init(); "
+            f"sys.stderr.write({_TF_STARTUP!r} + 'E0000 00:00:1.2 1 other.cc:1] a real error\\n'"
+            " + f'rank {h.rank()} says hello\\n'); sys.stderr.flush()")
+    done = run_launcher("-np", "2", sys.executable, "-c", code,
+                        env={"HVDLIKE_TF_STARTUP_LOGS": "1" if keep else "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} says hello" in done.stderr
+    assert done.stderr.count("other.cc:1] a real error") == 2
+    for line in _TF_STARTUP.splitlines():
+        assert done.stderr.count(line) == (2 if keep else 0), line
+
+
+def test_a_startup_line_split_across_two_reads_is_kept_whole():
+    import os
+    from hvdlike.runner.abort_watch import OutputWatch
+    from hvdlike.runner.startup_noise import is_startup_line
+
+    class Sink:
+        data = b""
+
+        def write(self, b):
+            self.data += b
+
+        def flush(self):
+            pass
+
+    line = _TF_STARTUP.splitlines(keepends=True)[1].encode()
+    read, write = os.pipe()
+    watch, sink = OutputWatch(), Sink()
+    watch.follow(os.fdopen(read, "rb"), sink, is_startup_line)
+
+    os.write(write, line[:40])
+    deadline = time.monotonic() + 30
+    while sink.data != line[:40] and time.monotonic() < deadline:  # read on its own
+        time.sleep(0.01)
+    os.write(write, line[40:] + b"kept\n" + line)
+    os.close(write)
+    watch.finish()
+    assert sink.data == line + b"kept\n"

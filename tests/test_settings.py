@@ -126,13 +126,13 @@ def test_variables_that_are_no_setting_are_reported_once_with_what_to_do():
     assert with_horovod_names(env)[1] == [
         "HVDLIKE_CONSISTENCY_CHECK is not an hvdlike setting and has no effect: the check that "
         "ranks agree is part of matching collectives by name and can no longer be turned off",
-        "HVDLIKE_NO_SUCH_THING is not an hvdlike setting and has no effect: see Configuration "
-        "in the README"]
+        "HVDLIKE_NO_SUCH_THING is not an hvdlike setting and has no effect: see the settings "
+        "reference, docs/reference/settings.md"]
 
 
 def test_every_hvdlike_variable_the_code_reads_is_known():
     """KNOWN_NAMES (what is not reported as a typo) lists every HVDLIKE_ name in hvdlike's
-    code and scripts, and every row of the settings table."""
+    code and scripts, and every setting of the reference."""
     import re
     from pathlib import Path
     from hvdlike.base import settings
@@ -147,8 +147,30 @@ def test_every_hvdlike_variable_the_code_reads_is_known():
     missing = sorted(n for n in used if n not in settings.KNOWN_NAMES
                      and not n.startswith(settings._KNOWN_PREFIXES))
     assert missing == []
-    table = set(re.findall(r"^\| (HVDLIKE_\w+) \|", settings.__doc__ or "", re.M))
-    assert table and table <= settings.KNOWN_NAMES
+    assert {v.name for v in settings.VARIABLES} <= settings.KNOWN_NAMES
+
+
+def test_the_settings_reference_lists_every_setting_with_its_real_default():
+    """docs/reference/settings.md is ``reference_table()``, made from VARIABLES: every variable
+    Settings reads is there, each default there is what an unset variable gives, and each
+    Horovod name stands beside the variable it sets."""
+    import inspect
+    import re
+    from hvdlike.base import settings
+
+    names = [v.name for v in settings.VARIABLES]
+    assert len(names) == len(set(names))
+    parsed = set(re.findall(r'"(HVDLIKE_[A-Z0-9_]+)"', inspect.getsource(Settings._parse)))
+    assert parsed and parsed <= set(names), sorted(parsed - set(names))
+    for v in settings.VARIABLES:
+        if v.name in parsed and v.default is not None:
+            assert Settings.from_env({v.name: v.default}) == Settings.from_env({}), v
+    table = settings.reference_table()
+    for v in settings.VARIABLES:
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{v.name}` |"))
+        assert v.meaning in row and (v.default is None or f"`{v.default}`" in row)
+    for theirs, ours in settings.HOROVOD_NAMES.items():
+        assert f"| `{ours}` |" in table and f"`{theirs}`" in table
 
 
 def test_a_bad_horovod_value_names_the_horovod_variable():

@@ -1,37 +1,114 @@
 """All of hvdlike's configuration, read once from the environment into one object.
 
-| variable | default | meaning |
-|---|---|---|
-| HVDLIKE_FUSION_THRESHOLD | 67108864 | bytes per fusion buffer in grouped collectives (0 disables fusion) |
-| HVDLIKE_SHM_THRESHOLD | 262144 | blocking all-reduces of at least this many bytes, within one node, use the shared-memory transport |
-| HVDLIKE_SHM_BUFFER | 67108864 | bytes one round of that transport reduces (each rank maps about that much shared memory plus 1/size of it); larger all-reduces take several rounds; 0 disables the transport |
-| HVDLIKE_CMA | 1 | those on-node all-reduces of a set on one node that have at least HVDLIKE_CMA_THRESHOLD bytes read the peers' inputs and write their outputs directly (Linux cross-memory attach: one copy, no window) where every rank of the set may; 0 keeps them all on the shared-memory window; `auto` tries both on the first buckets of each size from the threshold on and keeps the faster (the crossover depends on the machine and the number of ranks) |
-| HVDLIKE_CMA_THRESHOLD | 8388608 | bytes from which on-node all-reduces go single-copy (below it the window is faster: the kernel pins every page it copies) |
-| HVDLIKE_HIERARCHICAL_ALLREDUCE | auto | all-reduce buckets of at least HVDLIKE_SHM_THRESHOLD bytes of the whole world on several nodes (the same number of ranks on each): `1` reduces inside each node through shared memory, across nodes among ranks of equal local rank, then shares inside the node; `0` runs one flat MPI_Allreduce; `auto` tries both on the first buckets of each size and keeps the faster |
-| HVDLIKE_HIERARCHICAL_ALLGATHER | 1 | all-gathers of the whole world on several nodes with the same number of ranks (at least 2) each, numbered node after node: `1` gathers each node's parts on its first rank, all-gathers the nodes' blocks across nodes and broadcasts inside each node (each node's data crosses the network once per other node); `0` runs one flat MPI_Allgatherv, which sends every rank's part once per remote rank when parts differ in size (equal parts always go through MPI_Allgather, which Open MPI already runs node by node) |
-| HVDLIKE_CYCLE_TIME | 1 | milliseconds between the engine's rounds while some rank waits for others (ten times that when all are idle) |
-| HVDLIKE_CACHE_CAPACITY | 1024 | requests (name + metadata) the engine remembers, so that a repeated one is negotiated with one bit; 0: none, every request is negotiated in full (as Horovod's 0) |
-| HVDLIKE_OVERLAP | 1 | in a compiled train step, gradients go to the engine while backprop still runs (0: all of them together after the backward pass) |
-| HVDLIKE_OVERLAP_BUCKET | 1048576 | with HVDLIKE_OVERLAP, gradients go in buckets of about this many bytes, last layer first, each as soon as backprop has computed its last one (a gradient this large goes alone; 0: each gradient alone) |
-| HVDLIKE_TF_WAIT_KERNEL | 1 | in a tf.compat.v1 graph, each collective waits in an asynchronous TensorFlow op that holds no thread (built with the C++ compiler on first use); 0: in a `tf.numpy_function` that holds an inter-op thread while it waits |
-| HVDLIKE_TIMELINE | (unset) | write the timeline (Chrome trace JSON): rank 0 to this path, rank r > 0 with `.rank<r>` before the extension |
-| HVDLIKE_TIMELINE_MARK_CYCLES | 0 | mark every engine round that ran something in the timeline (`CYCLE_START`) |
-| HVDLIKE_ABORT_ON_EXCEPTION | 1 | an uncaught exception on any rank aborts the whole job |
-| HVDLIKE_STALL_CHECK_TIME_SECONDS | 60 | a rank that has waited this long for a collective that other ranks have not submitted logs which ranks and which collective, once |
-| HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS | 0 | after waiting this long every rank prints that report and exits with status 1 (0: never) |
-| HVDLIKE_STALL_CHECK_DISABLE | 0 | 1 turns the stall inspector off |
-| HVDLIKE_DEADLOCK_SECONDS | 10 | when every rank of a process set has been blocked waiting this long, each for names only the others could submit, those ranks raise DeadlockError naming what each waits for (0: never) |
-| HVDLIKE_LOG_LEVEL | warning | trace, debug, info, warning, error or fatal: what the `hvdlike` logger prints (on stderr, prefixed with the rank) |
-| HVDLIKE_GPU_TRANSPORT | auto | GPU arrays: `auto` (NCCL where every rank of the set has it and its own GPU, else staged through host memory with one warning), `nccl` (an error where NCCL cannot serve), `staged` |
-| HVDLIKE_NODE_NAMES | (unset) | comma-separated node name per world rank, overriding MPI's topology |
-| HVDLIKE_STATE_DIR | (unset) | `hvdlike.elastic`: commits also write the state here, and `elastic.run` resumes from it (`hvdlikerun --state-dir`) |
-| HVDLIKE_ELASTIC_MIN_NP | 1 | `hvdlike.elastic`: stop when fewer ranks than this survive (`hvdlikerun --min-np`) |
-| HVDLIKE_ELASTIC_MAX_NP | 0 | `hvdlike.elastic`: start new ranks in place of dead ones, up to this many (`hvdlikerun --max-np`; 0: never) |
+``VARIABLES`` lists every setting (name, default, meaning); the settings reference
+(docs/reference/settings.md, ``reference_table``) is generated from it and ``HOROVOD_NAMES``.
 """
 import dataclasses
 import difflib
 import os
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+
+class Variable(NamedTuple):
+    """One environment variable of the settings: its name, its default as written in the
+    environment (None: unset), what it does."""
+
+    name: str
+    default: Optional[str]
+    meaning: str
+
+
+# The settings every rank reads (``Settings.from_env``), in the order of the reference
+# (docs/reference/settings.md is generated from this list, with the Horovod names below).
+VARIABLES = (
+    Variable("HVDLIKE_FUSION_THRESHOLD", "67108864",
+             "bytes per fusion buffer in grouped collectives (0 disables fusion)"),
+    Variable("HVDLIKE_SHM_THRESHOLD", "262144",
+             "blocking all-reduces of at least this many bytes, within one node, use the "
+             "shared-memory transport"),
+    Variable("HVDLIKE_SHM_BUFFER", "67108864",
+             "bytes one round of that transport reduces (each rank maps about that much shared "
+             "memory plus 1/size of it); larger all-reduces take several rounds; 0 disables the "
+             "transport"),
+    Variable("HVDLIKE_CMA", "1",
+             "those on-node all-reduces of a set on one node that have at least "
+             "HVDLIKE_CMA_THRESHOLD bytes read the peers' inputs and write their outputs "
+             "directly (Linux cross-memory attach: one copy, no window) where every rank of the "
+             "set may; 0 keeps them all on the shared-memory window; `auto` tries both on the "
+             "first buckets of each size from the threshold on and keeps the faster (the "
+             "crossover depends on the machine and the number of ranks)"),
+    Variable("HVDLIKE_CMA_THRESHOLD", "8388608",
+             "bytes from which on-node all-reduces go single-copy (below it the window is "
+             "faster: the kernel pins every page it copies)"),
+    Variable("HVDLIKE_HIERARCHICAL_ALLREDUCE", "auto",
+             "all-reduce buckets of at least HVDLIKE_SHM_THRESHOLD bytes of the whole world on "
+             "several nodes (the same number of ranks on each): `1` reduces inside each node "
+             "through shared memory, across nodes among ranks of equal local rank, then shares "
+             "inside the node; `0` runs one flat MPI_Allreduce; `auto` tries both on the first "
+             "buckets of each size and keeps the faster"),
+    Variable("HVDLIKE_HIERARCHICAL_ALLGATHER", "1",
+             "all-gathers of the whole world on several nodes with the same number of ranks (at "
+             "least 2) each, numbered node after node: `1` gathers each node's parts on its "
+             "first rank, all-gathers the nodes' blocks across nodes and broadcasts inside each "
+             "node (each node's data crosses the network once per other node); `0` runs one flat "
+             "MPI_Allgatherv, which sends every rank's part once per remote rank when parts "
+             "differ in size (equal parts always go through MPI_Allgather, which Open MPI "
+             "already runs node by node)"),
+    Variable("HVDLIKE_CYCLE_TIME", "1",
+             "milliseconds between the engine's rounds while some rank waits for others (ten "
+             "times that when all are idle)"),
+    Variable("HVDLIKE_CACHE_CAPACITY", "1024",
+             "requests (name + metadata) the engine remembers, so that a repeated one is "
+             "negotiated with one bit; 0: none, every request is negotiated in full (as "
+             "Horovod's 0)"),
+    Variable("HVDLIKE_OVERLAP", "1",
+             "in a compiled train step, gradients go to the engine while backprop still runs (0: "
+             "all of them together after the backward pass)"),
+    Variable("HVDLIKE_OVERLAP_BUCKET", "1048576",
+             "with HVDLIKE_OVERLAP, gradients go in buckets of about this many bytes, last layer "
+             "first, each as soon as backprop has computed its last one (a gradient this large "
+             "goes alone; 0: each gradient alone)"),
+    Variable("HVDLIKE_TF_WAIT_KERNEL", "1",
+             "in a tf.compat.v1 graph, each collective waits in an asynchronous TensorFlow op "
+             "that holds no thread (built with the C++ compiler on first use); 0: in a "
+             "`tf.numpy_function` that holds an inter-op thread while it waits"),
+    Variable("HVDLIKE_TIMELINE", None,
+             "write the timeline (Chrome trace JSON): rank 0 to this path, rank r > 0 with "
+             "`.rank<r>` before the extension"),
+    Variable("HVDLIKE_TIMELINE_MARK_CYCLES", "0",
+             "mark every engine round that ran something in the timeline (`CYCLE_START`)"),
+    Variable("HVDLIKE_ABORT_ON_EXCEPTION", "1",
+             "an uncaught exception on any rank aborts the whole job"),
+    Variable("HVDLIKE_STALL_CHECK_TIME_SECONDS", "60",
+             "a rank that has waited this long for a collective that other ranks have not "
+             "submitted logs which ranks and which collective, once"),
+    Variable("HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS", "0",
+             "after waiting this long every rank prints that report and exits with status 1 (0: "
+             "never)"),
+    Variable("HVDLIKE_STALL_CHECK_DISABLE", "0",
+             "1 turns the stall inspector off"),
+    Variable("HVDLIKE_DEADLOCK_SECONDS", "10",
+             "when every rank of a process set has been blocked waiting this long, each for "
+             "names only the others could submit, those ranks raise DeadlockError naming what "
+             "each waits for (0: never)"),
+    Variable("HVDLIKE_LOG_LEVEL", "warning",
+             "trace, debug, info, warning, error or fatal: what the `hvdlike` logger prints (on "
+             "stderr, prefixed with the rank)"),
+    Variable("HVDLIKE_GPU_TRANSPORT", "auto",
+             "GPU arrays: `auto` (NCCL where every rank of the set has it and its own GPU, else "
+             "staged through host memory with one warning), `nccl` (an error where NCCL cannot "
+             "serve), `staged`"),
+    Variable("HVDLIKE_NODE_NAMES", None,
+             "comma-separated node name per world rank, overriding MPI's topology"),
+    Variable("HVDLIKE_STATE_DIR", None,
+             "`hvdlike.elastic`: commits also write the state here, and `elastic.run` resumes "
+             "from it (`hvdlikerun --state-dir`)"),
+    Variable("HVDLIKE_ELASTIC_MIN_NP", "1",
+             "`hvdlike.elastic`: stop when fewer ranks than this survive (`hvdlikerun --min-np`)"),
+    Variable("HVDLIKE_ELASTIC_MAX_NP", "0",
+             "`hvdlike.elastic`: start new ranks in place of dead ones, up to this many "
+             "(`hvdlikerun --max-np`; 0: never)"),
+)
 
 # Horovod's names for the settings hvdlike has, so that a Horovod job script keeps its tuning.
 # The HVDLIKE_ name wins where both are set.
@@ -68,24 +145,15 @@ _HOROVOD_BUILD = ("HOROVOD_WITH_", "HOROVOD_WITHOUT_", "HOROVOD_BUILD_", "HOROVO
                   "HOROVOD_NCCL_", "HOROVOD_CUDA_", "HOROVOD_ROCM_", "HOROVOD_CMAKE",
                   "HOROVOD_MPICXX_SHOW", "HOROVOD_ALLOW_MIXED_GPU_IMPL", "HOROVOD_DEBUG")
 
-# Every HVDLIKE_ variable hvdlike reads: the settings of the table above, and those that
+# Every HVDLIKE_ variable hvdlike reads: the settings of VARIABLES, and those that
 # hvdlike's own tools set for the ranks or read (tests/test_settings.py checks the list against
 # the code). Any other one that is set is a typo or a setting that is gone: said once per job.
-KNOWN_NAMES = frozenset({
-    "HVDLIKE_FUSION_THRESHOLD", "HVDLIKE_SHM_THRESHOLD", "HVDLIKE_SHM_BUFFER", "HVDLIKE_CMA",
-    "HVDLIKE_CMA_THRESHOLD", "HVDLIKE_HIERARCHICAL_ALLREDUCE", "HVDLIKE_HIERARCHICAL_ALLGATHER",
-    "HVDLIKE_CYCLE_TIME", "HVDLIKE_CACHE_CAPACITY", "HVDLIKE_OVERLAP", "HVDLIKE_OVERLAP_BUCKET",
-    "HVDLIKE_TIMELINE",
-    "HVDLIKE_TF_WAIT_KERNEL",
-    "HVDLIKE_TIMELINE_MARK_CYCLES", "HVDLIKE_ABORT_ON_EXCEPTION",
-    "HVDLIKE_STALL_CHECK_TIME_SECONDS", "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
-    "HVDLIKE_STALL_CHECK_DISABLE", "HVDLIKE_DEADLOCK_SECONDS", "HVDLIKE_LOG_LEVEL",
-    "HVDLIKE_GPU_TRANSPORT",
-    "HVDLIKE_NODE_NAMES", "HVDLIKE_STATE_DIR", "HVDLIKE_ELASTIC_MIN_NP",
-    "HVDLIKE_ELASTIC_MAX_NP",
+KNOWN_NAMES = frozenset({v.name for v in VARIABLES} | {
     # set by hvdlikerun, hvdlike.run and TF_CONFIG emulation for the ranks
     "HVDLIKE_RESTART", "HVDLIKE_RUN_ADDRESS", "HVDLIKE_RUN_AUTHKEY", "HVDLIKE_TF_BIND",
     "HVDLIKE_TF_CONFIG_HOST",
+    # read by hvdlikerun
+    "HVDLIKE_TF_STARTUP_LOGS",
     # read by scripts/ (set-up, the test Slurm cluster, the GPU check)
     "HVDLIKE_VENV", "HVDLIKE_GPU_VENV", "HVDLIKE_SLURMCTLD_PORT", "HVDLIKE_SLURMD_PORT",
     "HVDLIKE_SLURM_NO_INSTALL",
@@ -124,7 +192,7 @@ def with_horovod_names(env: Mapping[str, str]) -> Tuple[Dict[str, str], List[str
                 _KNOWN_PREFIXES):
             close = difflib.get_close_matches(name, sorted(KNOWN_NAMES), n=1, cutoff=0.8)
             why = _GONE.get(name) or (f"did you mean {close[0]}?" if close else
-                                      "see Configuration in the README")
+                                      "see the settings reference, docs/reference/settings.md")
             notes.append(f"{name} is not an hvdlike setting and has no effect: {why}")
     return merged, notes
 
@@ -272,3 +340,14 @@ def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
     if raw.lower() in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"{key}={raw!r} is not a boolean; use 1 or 0")
+
+
+def reference_table() -> str:
+    """The settings as a Markdown table: variable, default, Horovod's name, meaning."""
+    horovod = {ours: theirs for theirs, ours in HOROVOD_NAMES.items()}
+    rows = ["| variable | default | Horovod's name | meaning |", "|---|---|---|---|"]
+    for v in VARIABLES:
+        default = "(unset)" if v.default is None else f"`{v.default}`"
+        alias = f"`{horovod[v.name]}`" if v.name in horovod else ""
+        rows.append(f"| `{v.name}` | {default} | {alias} | {v.meaning} |")
+    return "\n".join(rows) + "\n"

@@ -5,42 +5,50 @@ exception) or meets an error under ``MPI_ERRORS_ARE_FATAL``, then tears the job 
 the teardown never finishes: once, after a rank on another host was killed, the job hung with
 that notice as its last output (docs/reliability.md). ``hvdlikerun`` passes the job's output
 through an ``OutputWatch``; when a notice has appeared and the job is still running after the
-grace period, it ends the job.
+grace period, it ends the job. The same watch can leave some lines out of a stream (``drop``:
+TensorFlow's start-up lines, ``startup_noise``).
 """
 import os
 import threading
 import time
-from typing import BinaryIO, List, Optional
+from typing import BinaryIO, Callable, List, Optional
 
 NOTICES = (b"MPI_ERRORS_ARE_FATAL", b"MPI_ABORT was invoked")
 _TAIL = max(len(n) for n in NOTICES) - 1  # bytes kept so that a notice split in two is seen
 
 
 class OutputWatch:
-    """Copies a child's stdout and stderr to ours, unchanged, and notes when an abort notice
-    went by (``seen_at``, a ``time.monotonic()``)."""
+    """Copies a child's stdout and stderr to ours, and notes when an abort notice went by
+    (``seen_at``, a ``time.monotonic()``)."""
 
     def __init__(self) -> None:
         self.seen_at: Optional[float] = None
         self._threads: List[threading.Thread] = []
 
-    def follow(self, source: BinaryIO, target: BinaryIO) -> None:
-        """Copy ``source`` to ``target`` on a thread of its own until ``source`` ends."""
-        thread = threading.Thread(target=self._copy, args=(source, target), daemon=True,
+    def follow(self, source: BinaryIO, target: BinaryIO,
+               drop: Optional[Callable[[bytes], bool]] = None) -> None:
+        """Copy ``source`` to ``target`` on a thread of its own until ``source`` ends, leaving
+        out each whole line for which ``drop`` is true (a line that arrives in two pieces is
+        kept whole)."""
+        thread = threading.Thread(target=self._copy, args=(source, target, drop), daemon=True,
                                   name="hvdlikerun-output")
         thread.start()
         self._threads.append(thread)
 
-    def _copy(self, source: BinaryIO, target: BinaryIO) -> None:
+    def _copy(self, source: BinaryIO, target: BinaryIO,
+              drop: Optional[Callable[[bytes], bool]]) -> None:
         tail, writing = b"", True
         fd = source.fileno()
         while True:
             chunk = os.read(fd, 65536)
             if not chunk:
                 break
-            if writing:
+            shown = chunk if drop is None else b"".join(
+                line for line in chunk.splitlines(keepends=True)
+                if not (line.endswith(b"\n") and drop(line)))
+            if writing and shown:
                 try:
-                    target.write(chunk)
+                    target.write(shown)
                     target.flush()
                 except (OSError, ValueError):  # our output is gone: keep draining the job's
                     writing = False

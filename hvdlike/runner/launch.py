@@ -28,7 +28,8 @@ from .process import run_with_restarts
 ABORT_TIMEOUT = 60.0  # seconds a job may still run after the MPI printed an abort notice
 
 
-def _parser() -> argparse.ArgumentParser:
+def command_line() -> argparse.ArgumentParser:
+    """hvdlikerun's command line (its help is docs/reference/hvdlikerun.md)."""
     parser = argparse.ArgumentParser(
         prog="hvdlikerun", allow_abbrev=False,
         usage="hvdlikerun -np N [-H HOSTS | --hostfile FILE] [--mpi-args ARGS] "
@@ -77,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Console entry point of ``hvdlikerun``; returns the exit code (2 for usage errors)."""
-    parser = _parser()
+    parser = command_line()
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if args.check_build or args.version:

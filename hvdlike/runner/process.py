@@ -8,6 +8,7 @@ import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from ..runtime import session_dirs
+from . import startup_noise
 from .abort_watch import OutputWatch
 
 
@@ -18,13 +19,16 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
     The child stays in our process group, so a terminal's Ctrl-C reaches it exactly as it
     reaches a plain mpirun; SIGINT, SIGTERM and SIGHUP sent to this process alone (a batch
     system, ``timeout``, ``kill``) are forwarded to the child, and added to ``received``.
-    ``abort_grace`` > 0: the child's output passes through an ``OutputWatch``, and a job still
-    running that long after the MPI printed an abort notice is ended (status 1).
+    The child's output passes through an ``OutputWatch``, which leaves TensorFlow's start-up
+    lines out of its stderr (unless ``HVDLIKE_TF_STARTUP_LOGS=1`` in ``env``) and, with
+    ``abort_grace`` > 0, ends a job still running that long after the MPI printed an abort
+    notice (status 1).
     """
     proc: Optional[subprocess.Popen] = None
     pending: List[int] = []
-    watch = OutputWatch() if abort_grace > 0 and hasattr(sys.stdout, "buffer") and hasattr(
-        sys.stderr, "buffer") else None
+    quiet = not startup_noise.kept(env)
+    watch = OutputWatch() if (abort_grace > 0 or quiet) and hasattr(
+        sys.stdout, "buffer") and hasattr(sys.stderr, "buffer") else None
 
     def forward(signum: int, _frame: object) -> None:
         if received is not None:
@@ -42,10 +46,12 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
         proc = subprocess.Popen(list(argv), env=dict(env), stdout=piped, stderr=piped)
         if watch is not None:
             watch.follow(proc.stdout, sys.stdout.buffer)
-            watch.follow(proc.stderr, sys.stderr.buffer)
+            watch.follow(proc.stderr, sys.stderr.buffer,
+                         startup_noise.is_startup_line if quiet else None)
         for signum in pending:
             proc.send_signal(signum)
-        code = proc.wait() if watch is None else _wait_watched(proc, watch, abort_grace)
+        code = (_wait_watched(proc, watch, abort_grace) if watch is not None and abort_grace > 0
+                else proc.wait())
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -12,6 +12,9 @@ from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.functions import broadcast_variables
 from hvdlike.tensorflow.gradients import variable_key
 
+__all__ = ["BestModelCheckpoint", "BroadcastGlobalVariablesCallback", "LearningRateScheduleCallback",
+           "LearningRateWarmupCallback", "MetricAverageCallback", "ModelCheckpoint"]
+
 _keras = compat.keras()
 
 Logs = Optional[Dict[str, Any]]  # what Keras passes its callbacks

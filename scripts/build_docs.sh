@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Build the documentation site (mkdocs.yml) into site/, warnings as errors: a broken link or
+# anchor, a page missing from the navigation, a name the API reference cannot render fails it.
+# `mkdocs serve` (in .venv) shows it while you edit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/mkdocs ] || .venv/bin/python -m pip install -q -e ".[docs]" 2>&1 \
+  | { grep -v "^WARNING: Location" || true; }
+# NO_MKDOCS_2_WARNING: Material's note about its own future, not about these docs
+NO_MKDOCS_2_WARNING=1 TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/mkdocs build --strict -q -d site
+echo "build_docs.sh: the site is in site/ (open site/index.html)"
