@@ -40,7 +40,8 @@ setup(
         "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5", "mkdocstrings>=0.26",
                  "mkdocstrings-python>=1.12"],
     },
-    entry_points={"console_scripts": ["hvdlikerun = hvdlike.runner.launch:main"]},
+    entry_points={"console_scripts": ["hvdlikerun = hvdlike.runner.launch:main",
+                                     "hvdlike-timeline = hvdlike.runner.timeline_summary:main"]},
     classifiers=[
         "Programming Language :: Python :: 3",
         "License :: OSI Approved :: Apache Software License",

@@ -64,7 +64,9 @@ def main():
 
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    # two inter-op threads: one runs the step, one its collectives, so that they overlap
+    # (docs/performance.md)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
 
     (x, y), (xt, yt) = load_data(args)
     train = make_dataset(x, y, args.batch_size, shuffle=True)

@@ -38,7 +38,9 @@ from hvdlike.tensorflow.compat import keras as _keras  # noqa: E402
 
 keras = _keras()
 tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
+# two inter-op threads: one runs the step, one its collectives, so that they overlap
+# (docs/performance.md)
+tf.config.threading.set_inter_op_parallelism_threads(2)
 
 # ----- the one changed line -------------------------------------------------------------
 strategy = tf.distribute.MultiWorkerMirroredStrategy() if args.native else hvd.MPIStrategy()

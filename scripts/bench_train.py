@@ -16,7 +16,7 @@ the loop of Horovod's TensorFlow 2 examples, a ``tf.function`` step with a
 ``DistributedGradientTape`` (plain: a ``tf.GradientTape``) and ``apply_gradients``.
 ``--overlap on|off|both`` sets HVDLIKE_OVERLAP for the runs with more than one rank
 (``both``: one run each; HVDLIKE_OVERLAP_BUCKET and the other settings are passed on). ``--timeline`` also writes each run's timeline
-(HVDLIKE_TIMELINE) into ``--out``; scripts/timeline_summary.py reads it.
+(HVDLIKE_TIMELINE) into ``--out``; hvdlike-timeline reads it.
 Reports: overhead ratio (distributed / plain step time, same run), the CPU time a step
 takes per rank (all of a rank's threads: where ranks share cores, what a distributed step
 adds shows here first), img/s per rank and in total, and scaling efficiency = total img/s

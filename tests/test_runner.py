@@ -773,6 +773,7 @@ def test_horovodrun_launch_flags_become_hydra_options():
 @pytest.mark.parametrize("flag,words", [
     (["--fusion-threshold-mb", "big"], "--fusion-threshold-mb 'big' is not a number"),
     (["--jsrun"], "start them with jsrun yourself"),
+    (["--torus-allreduce"], "hvdlike has no torus all-reduce"),
     (["--host-discovery-script", "d.sh"], "elastic mode has no host discovery"),
     (["--blacklist-cooldown-range", "60", "300"], "elastic mode has no host discovery"),
     (["--hierarchical-allreduce", "--no-hierarchical-allreduce"],

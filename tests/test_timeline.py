@@ -64,13 +64,8 @@ def test_start_and_stop_timeline_bound_what_is_recorded(tmp_path):
 
 
 def _summary_module():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "scripts" / "timeline_summary.py"
-    spec = importlib.util.spec_from_file_location("timeline_summary", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from hvdlike.runner import timeline_summary
+    return timeline_summary
 
 
 def test_summary_splits_each_steps_communication_at_the_last_submit():
@@ -90,17 +85,17 @@ def test_summary_splits_each_steps_communication_at_the_last_submit():
     assert summary.summarise(events)["waited_for_rank_s"] == {"1": 12e-6, "3": 7e-6}
 
 
-def test_summary_script_reads_every_ranks_file(tmp_path):
+def test_the_installed_summary_command_reads_every_ranks_file(tmp_path):
     import json
+    import os
     import subprocess
     import sys
     path = str(tmp_path / "timeline.json")
     run_mpi(2, "timeline_cases:phases", timeout=60, env={"HVDLIKE_TIMELINE": path},
             path=path, delay=0.0)
-    from pathlib import Path
-    script = Path(__file__).resolve().parents[1] / "scripts" / "timeline_summary.py"
-    out = subprocess.run([sys.executable, str(script), path, "--no-plot"], text=True,
-                         capture_output=True, timeout=60)
+    command = os.path.join(os.path.dirname(sys.executable), "hvdlike-timeline")
+    out = subprocess.run([command, path, "--no-plot"], text=True, capture_output=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     summary = json.loads((tmp_path / "timeline_summary.json").read_text())
     assert sorted(summary) == ["0", "1"]

@@ -22,7 +22,7 @@ with its phases:
 A ``steps`` row holds ``STEP`` spans when TensorFlow drives training (see
 ``hvdlike.tensorflow``): each ends when an optimizer update has run. With ``mark_cycles``, the
 ``engine`` row has a ``CYCLE_START`` mark for every round that ran something.
-``scripts/timeline_summary.py`` turns the files into a table and a PNG. Off by default; when
+``hvdlike-timeline`` (``runner/timeline_summary.py``) turns the files into a table and a PNG. Off by default; when
 off, the engine pays one attribute test per round.
 """
 import json

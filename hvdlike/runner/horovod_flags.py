@@ -80,6 +80,9 @@ NOTED = {
     "--autotune-gaussian-process-noise": (True, _AUTOTUNE),
 }
 REFUSED = {
+    "--torus-allreduce": "hvdlike has no torus all-reduce; for the two-level (node, then across "
+                         "nodes) all-reduce use --hierarchical-allreduce, or leave "
+                         "HVDLIKE_HIERARCHICAL_ALLREDUCE=auto to measure it",
     "--jsrun": "hvdlikerun starts ranks with mpirun or srun (--launcher); start them with "
                "jsrun yourself where you must: hvdlike.init() needs nothing from hvdlikerun",
     "--host-discovery-script": _DISCOVERY,

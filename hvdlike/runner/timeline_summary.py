@@ -1,8 +1,8 @@
-"""Summarise hvdlike timelines: time per phase, per tensor, and how much communication
-overlapped computation in each training step.
+"""``hvdlike-timeline``: summarise hvdlike timelines: time per phase, per tensor, and how much
+communication overlapped computation in each training step.
 
     HVDLIKE_TIMELINE=results/timeline/timeline.json hvdlikerun -np 2 python train.py
-    python scripts/timeline_summary.py results/timeline/timeline.json
+    hvdlike-timeline results/timeline/timeline.json    # or python -m hvdlike.runner.timeline_summary
 
 Reads every rank's file (rank 0's ``timeline.json``, the others' ``timeline.rank<r>.json``)
 and writes, next to them or in ``--out``:
@@ -21,9 +21,9 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from hvdlike.engine.timeline import rank_file
+from ..engine.timeline import rank_file
 
 Span = Tuple[float, float]
 
@@ -95,13 +95,16 @@ def summarise(events: List[Dict[str, Any]]) -> Dict[str, Any]:
             "steps": steps}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Optional[List[str]] = None) -> None:
+    """Console entry point of ``hvdlike-timeline``."""
+    p = argparse.ArgumentParser(prog="hvdlike-timeline",
+                                description="Summarise hvdlike timelines: time per phase, per "
+                                            "tensor, and the communication each step hid.")
     p.add_argument("path", help="the HVDLIKE_TIMELINE path (rank 0's file)")
     p.add_argument("--out", help="folder for the outputs (default: the timeline's folder)")
     p.add_argument("--top", type=int, default=15, help="tensors shown in the PNG")
     p.add_argument("--no-plot", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     out = Path(args.out or os.path.dirname(os.path.abspath(args.path)))
     out.mkdir(parents=True, exist_ok=True)
     ranks = load(args.path)
@@ -126,7 +129,11 @@ def main() -> None:
     print(f"wrote {out / 'timeline_summary.json'} and {out / 'timeline_merged.json'}")
     if args.no_plot:
         return
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("no timeline_summary.png: it needs matplotlib (pip install matplotlib)")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     s = summary[min(summary, key=int)]
