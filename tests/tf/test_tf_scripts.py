@@ -51,6 +51,19 @@ def test_keras_mnist_example_learns_on_synthetic_data():
     assert acc > 0.5, res.output[-3000:]  # 10 classes: chance is 0.1
 
 
+def test_the_quickstarts_fit_script_runs_as_written_and_rank_0_saves_the_model(tmp_path):
+    """docs/quickstart.md's first Python block, as a reader copies it, at np=2."""
+    from mpi_harness import REPO
+    page = (REPO / "docs" / "quickstart.md").read_text(encoding="utf-8")
+    script = tmp_path / "train.py"
+    script.write_text(re.search(r"```python\n(.*?)```", page, re.S).group(1))
+    run = f"import os, runpy; os.chdir({str(tmp_path)!r}); runpy.run_path({str(script)!r})"
+    job = launch(2, [sys.executable, "-c", run], timeout=240)
+    assert job.returncode == 0, job.output[-5000:]
+    assert job.output.count("Epoch 2/2") == 1, job.output[-5000:]  # rank 0 alone reports
+    assert (tmp_path / "model.keras").stat().st_size > 0
+
+
 @pytest.mark.parametrize("legacy", ["0", "1"], ids=["keras3", "tf_keras"])
 def test_horovod_style_keras_fit_script_runs_with_only_import_changed(legacy):
     res = run_script(2, "horovod_style_keras.py", timeout=240,
