@@ -69,8 +69,9 @@ def api_entries() -> Dict[str, List[Tuple[str, Any, str]]]:
 
 def api_reference() -> str:
     lines: List[str] = []
+    by_module = api_entries()
     for module_name, what in MODULES:
-        entries = api_entries()[module_name]
+        entries = by_module[module_name]
         lines += [f"## `{module_name}`", "", what, ""]
         if not entries:
             lines += ["Every name here is documented above.", ""]
@@ -78,10 +79,9 @@ def api_reference() -> str:
         values = [(n, o) for n, o, w in entries if not (inspect.isclass(o) or inspect.isfunction(o))]
         for name, obj, where in entries:
             if inspect.isclass(obj) or inspect.isfunction(obj):
-                alias = "" if name == obj.__name__ else f" (also named `{name}` here)"
                 lines += [f"::: {where}", "    options:", "      heading_level: 3", ""]
-                if alias:
-                    lines += [f"`{module_name}.{name}` is `{where}`{alias}.", ""]
+                if name != obj.__name__:
+                    lines += [f"`{module_name}.{name}` is another name for it.", ""]
         if values:
             lines += ["### Values", "", "| name | value |", "|---|---|"]
             lines += [f"| `{module_name}.{n}` | `{_value(o)}` |" for n, o in values]

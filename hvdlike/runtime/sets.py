@@ -22,17 +22,19 @@ class Bindable(Protocol):
 
 REGISTERED: Dict[int, Bindable] = {}
 FREE_IDS: List[int] = []  # ids of removed sets, given again first-removed first (as Horovod)
-_global: List[Bindable] = []
+_global: Optional[Bindable] = None  # the object that stands for the global set
 
 
 def use_global(process_set: Bindable) -> None:
     """The object that stands for the global set (``hvdlike.global_process_set``)."""
-    _global[:] = [process_set]
+    global _global
+    _global = process_set
 
 
 def bind_global(size: int, world: Any) -> None:
     """Bind the global set to ``world``, every one of its ``size`` ranks."""
-    _global[0].bind(0, list(range(size)), world)
+    assert _global is not None, "hvdlike.process_sets registers the global set on import"
+    _global.bind(0, list(range(size)), world)
 
 
 def unbind_all(release: bool) -> None:
