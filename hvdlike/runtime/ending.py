@@ -26,7 +26,7 @@ def install_abort_hook(st: "State") -> None:
             # Raised on every rank of a collective; the set's first rank prints it and aborts.
             # Abort here too after a grace period, in case that rank is not going to.
             time.sleep(_QUIET_ABORT_DELAY)
-            _abort(world, st.rank)
+            _abort(world)
         previous(etype, value, tb)
         sys.stderr.write(
             f"hvdlike: rank {st.rank} of {st.size} raised an uncaught {etype.__name__}; "
@@ -44,20 +44,23 @@ def install_abort_hook(st: "State") -> None:
             if not st.engine.failure.failed:
                 time.sleep(1.0)
             os._exit(1)
-        _abort(world, st.rank)
+        _abort(world)
 
     st.previous_excepthook = previous
     sys.excepthook = abort_job
 
 
-def _abort(world: Any, rank: int) -> None:
-    """MPI_Abort, with a way out if it does not return. Under ULFM (``--with-ft ulfm``) Open
-    MPI 5's prterun deadlocked about half the time when two ranks called MPI_Abort in the same
-    millisecond (every rank raising the same error), with every rank gone; 10 ms apart it never
-    did in our runs. So there the ranks abort in rank order, 20 ms apart (at most 1.3 s late):
-    the first abort ends the job before the next one starts."""
+def _abort(world: Any) -> None:
+    """End the whole job: MPI_Abort, with a way out if it does not return. Under ULFM
+    (``--with-ft ulfm``) the rank exits with status 1 instead, which ends the job there just as
+    well (only a death by signal is survived): Open MPI 5's prterun deadlocked when two ranks
+    called MPI_Abort at about the same time (every rank raising the same error), with every
+    rank gone and SIGTERM ignored (``scripts/repro_ulfm_abort.py``: 6 jobs in 15 hung; with exits
+    instead, none)."""
     if ulfm():
-        time.sleep(0.02 * min(rank, 64))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     _exit_soon()
     world.Abort(1)
 
