@@ -228,6 +228,37 @@ def test_uncaught_exception_on_one_rank_aborts_the_whole_job():
     print(f"aborted in {job.seconds:.1f} s")
 
 
+ENGINE_BUG = """
+import numpy as np
+import hvdlike
+from hvdlike import runtime
+
+hvdlike.init()
+engine = runtime._state.engine
+
+def broken():
+    raise RuntimeError("injected engine bug")
+
+with engine._lock:  # every rank's next round raises
+    engine._negotiate_and_run = broken
+hvdlike.allreduce(np.ones(3))
+print("AFTER", flush=True)
+"""
+
+
+@pytest.mark.parametrize("flags", [[], ["--elastic"]], ids=["plain", "ulfm"])
+def test_an_internal_engine_error_on_every_rank_ends_the_job(flags, tmp_path):
+    """Every rank's round raising at once ends the job (under ULFM by exiting: ranks calling
+    MPI_Abort together could hang prterun) instead of leaving the collective waiting."""
+    script = tmp_path / "engine_bug.py"
+    script.write_text(ENGINE_BUG)
+    job = launch(2, [*flags, sys.executable, str(script)], timeout=60)
+    assert not job.timed_out, f"the job hung:\n{job.output[-4000:]}"
+    assert job.returncode != 0 and "AFTER" not in job.output
+    assert "RuntimeError: injected engine bug" in job.output
+    assert "hvdlike: internal error in the engine on rank" in job.output
+
+
 def test_plain_mpi4py_would_hang_in_the_same_situation():
     """The control experiment for the test above: without hvdlike the job does not end."""
     job = launch(2, [sys.executable, FAILURE, "plain_mpi4py"], timeout=8)

@@ -60,10 +60,13 @@ class Engine:
     ``on_failure``: called once ranks died and the engine is over."""
 
     def __init__(self, st: World, sets: Mapping[int, Any],
-                 on_failure: Callable[[], None] = lambda: None) -> None:
+                 on_failure: Callable[[], None] = lambda: None,
+                 end_job: Optional[Callable[[], None]] = None) -> None:
         self._st = st
         self.sets = sets
         self.on_failure = on_failure
+        # ends the whole job after an internal error (the runtime's way: under ULFM an exit)
+        self.end_job = end_job or (lambda: st.mpi.COMM_WORLD.Abort(1))
         self._neg = Negotiation(st.size, st.settings.cache_capacity,
                                 lambda set_id: sets[set_id].ranks, st.rank)
         self._cycle = st.settings.cycle_time_ms / 1000.0

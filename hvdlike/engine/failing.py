@@ -55,7 +55,7 @@ def round_failed(engine: "Engine", exc: BaseException) -> None:
         sys.stderr.write(f"hvdlike: internal error in the engine on rank {engine._st.rank}; "
                          "aborting the job\n")
         sys.stderr.flush()
-        engine._st.mpi.COMM_WORLD.Abort(1)
+        engine.end_job()
 
 
 def fail_deadlocked(engine: "Engine", found: Found) -> None:

@@ -119,7 +119,8 @@ def init(comm: Any = None, abort_on_exception: Optional[bool] = None) -> None:
     )
     sets.bind_global(size, world)
     from ..engine.engine import Engine
-    _state.engine = Engine(_state, sets.REGISTERED, ending.finalize_with_deadline_at_exit)
+    _state.engine = Engine(_state, sets.REGISTERED, ending.finalize_with_deadline_at_exit,
+                           lambda: ending.end_job(world))
     if settings.timeline:
         start_timeline(settings.timeline, settings.timeline_mark_cycles)
     if not _atexit_registered:

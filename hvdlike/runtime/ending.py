@@ -26,7 +26,7 @@ def install_abort_hook(st: "State") -> None:
             # Raised on every rank of a collective; the set's first rank prints it and aborts.
             # Abort here too after a grace period, in case that rank is not going to.
             time.sleep(_QUIET_ABORT_DELAY)
-            _abort(world)
+            end_job(world)
         previous(etype, value, tb)
         sys.stderr.write(
             f"hvdlike: rank {st.rank} of {st.size} raised an uncaught {etype.__name__}; "
@@ -44,13 +44,13 @@ def install_abort_hook(st: "State") -> None:
             if not st.engine.failure.failed:
                 time.sleep(1.0)
             os._exit(1)
-        _abort(world)
+        end_job(world)
 
     st.previous_excepthook = previous
     sys.excepthook = abort_job
 
 
-def _abort(world: Any) -> None:
+def end_job(world: Any) -> None:
     """End the whole job: MPI_Abort, with a way out if it does not return. Under ULFM
     (``--with-ft ulfm``) the rank exits with status 1 instead, which ends the job there just as
     well (only a death by signal is survived): Open MPI 5's prterun deadlocked when two ranks
