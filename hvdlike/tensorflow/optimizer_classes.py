@@ -14,12 +14,23 @@ from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import GradientReducer, backward_passes, variable_key
 
 
-class _AccumulationState:
-    """Local gradient accumulators (deliberately not tracked by Keras checkpoints)."""
+class GradientAggregation:
+    """Local accumulation over ``backward_passes_per_step`` passes: the optimizer's
+    ``_agg_helper``, as in Horovod. ``counter`` (a ``tf.Variable``, made on the first pass)
+    counts the passes accumulated since the last update; the accumulators are deliberately
+    not tracked by Keras checkpoints."""
 
-    def __init__(self):
+    def __init__(self, backward_passes_per_step: int, average_aggregated_gradients: bool,
+                 reducer: GradientReducer):
+        self.backward_passes_per_step = backward_passes_per_step
+        self.average_aggregated_gradients = average_aggregated_gradients
+        self._reducer = reducer
         self.accumulators = None
         self.counter = None
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep ``var``'s gradient local (see the optimizer's ``register_local_var``)."""
+        self._reducer.register_local(var)
 
 
 class _DistributedMixin:
@@ -45,8 +56,9 @@ class _DistributedMixin:
                                   scale_local_gradients=scale_local_gradients)
         object.__setattr__(self, "_hvd_reducer", reducer)
         object.__setattr__(self, "_hvd_bpps", bpps)
-        object.__setattr__(self, "_hvd_average_aggregated", bool(average_aggregated_gradients))
-        object.__setattr__(self, "_hvd_acc", _AccumulationState())
+        # Horovod's attribute: None unless gradients are accumulated over several passes
+        object.__setattr__(self, "_agg_helper", GradientAggregation(
+            bpps, bool(average_aggregated_gradients), reducer) if bpps > 1 else None)
         object.__setattr__(self, "_hvd_reduced_for", None)  # see _LegacyMixin
 
     # -- reduction ---------------------------------------------------------------------
@@ -64,7 +76,7 @@ class _DistributedMixin:
         self._hvd_reducer.register_local(var)
 
     def _hvd_accumulators(self, variables, grads):
-        st = self._hvd_acc
+        st = self._agg_helper
         if st.accumulators is None:
             with tf.init_scope():
                 st.accumulators = [
@@ -84,10 +96,11 @@ class _DistributedMixin:
                 acc.assign_add(tf.convert_to_tensor(g))
         st.counter.assign_add(1)
         k = self._hvd_bpps
+        count_pass = self._hvd_pass_counter()
 
         def _apply():
             local = [None if acc is None else acc.read_value() for acc in st.accumulators]
-            if self._hvd_average_aggregated:
+            if st.average_aggregated_gradients:
                 local = [None if g is None else g / tf.cast(k, g.dtype) for g in local]
             apply_fn(self._hvd_reduce(local, variables), variables)
             for acc in st.accumulators:
@@ -96,7 +109,17 @@ class _DistributedMixin:
             st.counter.assign(0)
             return tf.constant(True)
 
-        return tf.cond(st.counter >= k, _apply, lambda: tf.constant(False))
+        def _skip():
+            if count_pass is None:
+                return tf.constant(False)
+            with tf.control_dependencies([count_pass.assign_add(1, read_value=False)]):
+                return tf.constant(False)
+
+        return tf.cond(st.counter >= k, _apply, _skip)
+
+    def _hvd_pass_counter(self):
+        """The variable a pass that only accumulates increments (None: no such count)."""
+        return None
 
 
 class _Keras3Mixin(_DistributedMixin):
@@ -127,10 +150,23 @@ class _Keras3Mixin(_DistributedMixin):
 
 class _LegacyMixin(_DistributedMixin):
     """tf_keras (Keras 2) optimizers: gradients an optimizer computes itself
-    (``compute_gradients``, and for ``optimizers.legacy`` classes ``get_gradients`` and
-    ``_compute_gradients``) come back reduced, as in Horovod, and the next
-    ``apply_gradients`` for those variables applies them as given; gradients from
-    anywhere else (a plain ``tf.GradientTape``) are reduced in ``apply_gradients``."""
+    (``compute_gradients`` and ``_compute_gradients``, and for ``optimizers.legacy`` classes
+    ``get_gradients``) come back reduced, as in Horovod, and the next ``apply_gradients``
+    for those variables applies them as given; gradients from anywhere else (a plain
+    ``tf.GradientTape``) are reduced in ``apply_gradients``. With ``backward_passes_per_step``
+    k > 1 the computed gradients stay local and ``apply_gradients`` accumulates them, applying
+    the reduced sum every k-th pass; ``iterations`` counts every pass, as in Horovod."""
+
+    def _hvd_pass_counter(self):
+        return self.iterations
+
+    def _aggregate_gradients(self, grads_and_vars):
+        """Horovod's hook: the base optimizer's cross-replica aggregation (tf.distribute),
+        not a reduction over ranks (``_compute_gradients`` and ``apply_gradients`` do that)."""
+        base = super()
+        if hasattr(base, "_aggregate_gradients"):
+            return base._aggregate_gradients(grads_and_vars)
+        return self.aggregate_gradients(grads_and_vars)
 
     def _hvd_reduce_computed(self, grads, variables):
         """Reduce gradients the optimizer computed and remember for which variables, so that
@@ -180,6 +216,15 @@ class _TfKerasMixin(_LegacyMixin):
 
     def compute_gradients(self, loss, var_list, tape=None):
         return self._hvd_reduced_pairs(super().compute_gradients(loss, var_list, tape=tape))
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """Horovod's name for ``compute_gradients`` (its optimizer has both)."""
+        if grad_loss is not None:
+            raise ValueError(
+                "hvdlike DistributedOptimizer._compute_gradients: grad_loss is not supported "
+                f"by {type(self).__name__} (a tf_keras.optimizers.Optimizer); scale the loss "
+                "instead, or use a tf_keras.optimizers.legacy optimizer.")
+        return self.compute_gradients(loss, var_list, tape=tape)
 
 
 class _OptimizerV2Mixin(_LegacyMixin):

@@ -93,6 +93,7 @@ LEGACY_TRAINING_CHECKS = [
     "sync_batch_norm_equals_one_process_on_the_global_batch",
     "optimizer_options_and_steps_per_execution_equals_single_process_global_batch",
     "tf_keras_computed_gradients_come_back_reduced_and_are_applied_once",
+    "tf_keras_backward_passes_as_horovods_agg_helper_and_iterations",
     "mixed_precision_loss_scale_inside_outside_and_compile_wrapped",
 ]
 

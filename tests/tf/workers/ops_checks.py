@@ -308,6 +308,9 @@ def _():
     d = hvd.allreduce(s, op=hvd.Sum, sparse_as_dense=True)
     assert isinstance(d, tf.Tensor)
     assert_close(d, expect * n)
+    # scale factors scale the values (Horovod raises NotImplementedError here)
+    scaled = hvd.allreduce(s, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0)
+    assert_close(tf.convert_to_tensor(scaled).numpy(), expect * n * 1.5)
 
 
 @check("indexed_slices_follow_horovods_rules")

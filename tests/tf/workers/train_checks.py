@@ -131,7 +131,7 @@ if compat.use_legacy_keras():
     @check("tf_keras_computed_gradients_come_back_reduced_and_are_applied_once")
     def _():
         """As in Horovod, the gradients a tf_keras DistributedOptimizer computes itself
-        (compute_gradients; get_gradients and _compute_gradients of optimizers.legacy) come
+        (_compute_gradients; compute_gradients in minimize; get_gradients of optimizers.legacy) come
         back reduced, and applying them (even changed) does not reduce them again; plain
         tape gradients are still reduced in apply_gradients.  op=Sum makes a second reduction
         show (n times the step)."""
@@ -163,10 +163,7 @@ if compat.use_legacy_keras():
                 # computed by the optimizer, halved, then applied: reduced once
                 m = make_model()
                 opt = hvdk.DistributedOptimizer(opt_class(lr), op=op)
-                if kind == "new":
-                    gv = opt.compute_gradients(loss_of(m), m.trainable_variables)
-                else:
-                    gv = opt._compute_gradients(loss_of(m), m.trainable_variables)
+                gv = opt._compute_gradients(loss_of(m), m.trainable_variables)
                 for (g, _), e in zip(gv, expected):
                     assert_close(g.numpy(), e, rtol=RTOL, atol=ATOL, msg=what)
                 opt.apply_gradients([(0.5 * g, v) for g, v in gv])
@@ -197,6 +194,63 @@ if compat.use_legacy_keras():
             got = tf.function(lambda: opt.get_gradients(loss_of(m)(), m.trainable_variables))()
             for g, e in zip(got, expected):
                 assert_close(g.numpy(), e, rtol=RTOL, atol=ATOL, msg=f"get_gradients {op}")
+
+
+if compat.use_legacy_keras():
+    @check("tf_keras_backward_passes_as_horovods_agg_helper_and_iterations")
+    def _():
+        """backward_passes_per_step=3 driven as Horovod's tests drive it (_compute_gradients
+        then apply_gradients in a tf.function): the reduced sum of 3 passes (divided by 3 with
+        average_aggregated_gradients) is applied every 3rd pass, a local variable's gradient
+        is this rank's divided by n, iterations counts every pass, _agg_helper.counter the
+        passes since the last update; a non-finite pass does not outlive its update."""
+        c = float(r + 1)
+        mean_c = (n + 1) / 2.0
+        for kind, opt_class in (("new", keras.optimizers.SGD),
+                                ("legacy", keras.optimizers.legacy.SGD)):
+            assert hvdk.DistributedOptimizer(opt_class(1.0))._agg_helper is None, kind
+            for average in (False, True):
+                what = f"{kind} average_aggregated_gradients={average}"
+                v, w = tf.Variable([1.0, 2.0]), tf.Variable(3.0)
+                opt = hvdk.DistributedOptimizer(opt_class(1.0), backward_passes_per_step=3,
+                                                average_aggregated_gradients=average)
+                opt.register_local_var(w)
+                _ = opt.iterations
+
+                @tf.function
+                def step():
+                    gv = opt._compute_gradients(
+                        lambda: c * (v[0] + 2.0 * v[1]) + c * w, [v, w])
+                    opt.apply_gradients(gv)
+
+                per_update = 3.0 / (3.0 if average else 1.0)
+                for p in range(7):
+                    step()
+                    updates = (p + 1) // 3
+                    assert_close(v.numpy(), [1.0 - updates * per_update * mean_c,
+                                             2.0 - updates * per_update * 2.0 * mean_c],
+                                 msg=f"{what} pass {p}")
+                    assert_close(w.numpy(), 3.0 - updates * per_update * c / n,
+                                 msg=f"{what} local, pass {p}")
+                    assert int(opt.iterations.numpy()) == p + 1, (what, opt.iterations)
+                assert int(opt._agg_helper.counter.numpy()) == 7 % 3, what
+            if kind == "new":
+                try:
+                    opt._compute_gradients(lambda: v[0], [v], grad_loss=tf.constant(1.0))
+                except ValueError as e:
+                    assert "grad_loss is not supported" in str(e), e
+                else:
+                    raise AssertionError("grad_loss must be refused")
+        # an infinite first pass: its update is applied, then the sums restart from zero
+        x = tf.Variable(0.0)
+        opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.0), backward_passes_per_step=2,
+                                        sparse_as_dense=True)
+        for p in range(4):
+            gv = opt._compute_gradients(lambda: x * (float("inf") if p == 0 else 1.0), [x])
+            opt.apply_gradients(gv)
+        assert np.isfinite(gv[0][0].numpy())
+        assert [float(a.numpy()) for a in opt._agg_helper.accumulators] == [0.0]
+        assert int(opt.iterations.numpy()) == 4
 
 
 @check("tape_as_context_manager_eager_nested_sources")
@@ -246,7 +300,9 @@ def _():
     m.fit(xs, ys, batch_size=B, epochs=1, shuffle=False, verbose=0)
     for a, b in zip(m.get_weights(), reference_weights("sgd", STEPS, 2 * B * n)):
         assert_close(a, b, rtol=RTOL, atol=ATOL)
-    assert int(m.optimizer.iterations.numpy()) == STEPS
+    # Keras 3 counts updates; tf_keras counts every pass, as Horovod's tf_keras optimizer
+    passes = 2 if compat.use_legacy_keras() else 1
+    assert int(m.optimizer.iterations.numpy()) == STEPS * passes
 
 
 @check("op_sum_predivide_and_num_groups_variants")
@@ -555,7 +611,8 @@ def _():
     ref = emb_model()
     ref.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     ref.fit(ids, Y[:len(ids)], batch_size=B * n, shuffle=False, verbose=0)
-    for kw in ({}, {"sparse_as_dense": True}):
+    # gradient_predivide_factor scales the sparse gradients' values (Horovod refuses it)
+    for kw in ({}, {"sparse_as_dense": True}, {"gradient_predivide_factor": 2.0}):
         m = emb_model()
         m.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(0.1), **kw),
                   loss="mse")
