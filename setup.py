@@ -33,6 +33,8 @@ setup(
         # MultiWorkerMirroredStrategy comparison need it.
         "test": ["pytest>=7", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6", "matplotlib",
                  "tf-keras>=2.16"],
+        # HVDLIKE_AUTOTUNE: rank 0 searches the knobs with optuna's TPE sampler
+        "autotune": ["optuna>=3.4"],
         # scripts/lint.sh: ruff, import-linter for the layers, mypy on the core (pyproject.toml)
         "lint": ["ruff>=0.6", "import-linter>=2.1", "mypy>=1.10"],
         # the documentation site (mkdocs.yml): MkDocs, its Material theme, the API reference

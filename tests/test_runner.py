@@ -788,8 +788,8 @@ def test_horovodrun_flags_without_an_equivalent_are_refused_with_a_reason(flag, 
     (["--start-timeout", "30"], "--start-timeout: no effect: it bounds horovodrun's own checks"),
     (["--gloo"], "--gloo: hvdlike runs on MPI only: this job uses MPI"),
     (["--gloo-timeout-seconds", "30"], "--gloo-timeout-seconds: no effect: hvdlike runs on MPI"),
-    (["--autotune", "--autotune-log-file", "/tmp/a.csv"],
-     "--autotune, --autotune-log-file: hvdlike has no autotuning: the job runs with"),
+    (["--autotune-gaussian-process-noise", "0.8"],
+     "--autotune-gaussian-process-noise: no effect: hvdlike's autotune searches with optuna"),
     (["--mpi-threads-disable"], "--mpi-threads-disable: no effect: hvdlike initialises MPI with"),
     (["--thread-affinity", "1"], "--thread-affinity: no effect: hvdlike does not pin its engine"),
     (["--num-nccl-streams", "2"], "--num-nccl-streams: no effect: hvdlike runs its NCCL"),
@@ -876,12 +876,20 @@ def test_more_horovodrun_flags_are_taken(openmpi):
     """The negative switches set 0 (hvdlike's defaults differ from Horovod's), the flags that
     have no effect under horovodrun with Open MPI either change nothing, and the aliases."""
     variables, words = _dry_run("--no-hierarchical-allreduce", "--no-hierarchical-allgather",
-                                "--no-timeline-mark-cycles", "--stall-check")
+                                "--no-timeline-mark-cycles", "--stall-check", "--no-autotune")
     assert {k: v for k, v in variables.items() if k.startswith("HVDLIKE_")} == {
         "HVDLIKE_HIERARCHICAL_ALLREDUCE": "0", "HVDLIKE_HIERARCHICAL_ALLGATHER": "0",
-        "HVDLIKE_TIMELINE_MARK_CYCLES": "0", "HVDLIKE_STALL_CHECK_DISABLE": "0"}
+        "HVDLIKE_TIMELINE_MARK_CYCLES": "0", "HVDLIKE_STALL_CHECK_DISABLE": "0",
+        "HVDLIKE_AUTOTUNE": "0"}
+    variables, _ = _dry_run("--autotune", "--autotune-log-file", "/tmp/a.csv",
+                            "--autotune-warmup-samples", "2", "--autotune-steps-per-sample", "5",
+                            "--autotune-bayes-opt-max-samples", "12")
+    assert {k: v for k, v in variables.items() if k.startswith("HVDLIKE_AUTOTUNE")} == {
+        "HVDLIKE_AUTOTUNE": "1", "HVDLIKE_AUTOTUNE_LOG": "/tmp/a.csv",
+        "HVDLIKE_AUTOTUNE_WARMUP_SAMPLES": "2", "HVDLIKE_AUTOTUNE_STEPS_PER_SAMPLE": "5",
+        "HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "12"}
     plain = _dry_run()
-    assert _dry_run("--disable-cache", "--mpi", "--tcp", "--no-autotune",
+    assert _dry_run("--disable-cache", "--mpi", "--tcp",
                     "--log-without-timestamp", "--log-hide-timestamp") == plain
     assert _dry_run("--min-num-proc", "1", "--max-num-proc", "2") == _dry_run(
         "--min-np", "1", "--max-np", "2")

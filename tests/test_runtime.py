@@ -300,11 +300,13 @@ def test_a_horovod_job_script_keeps_its_settings_and_hears_once_about_conflicts(
     job = launch(2, [sys.executable, str(TESTS / "mpi_cases" / "print_settings.py")], timeout=60,
                  env={"HOROVOD_CYCLE_TIME": "7", "HOROVOD_STALL_CHECK_TIME_SECONDS": "12",
                       "HVDLIKE_LOG_LEVEL": "info", "HOROVOD_LOG_LEVEL": "error",
-                      "HOROVOD_AUTOTUNE": "1", "HVDLIKE_CYCLE_TIMES": "3"})
+                      "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "0.8",
+                      "HVDLIKE_CYCLE_TIMES": "3"})
     assert job.returncode == 0, job.output[-3000:]
     for rank in range(2):
         assert f"SETTINGS rank={rank} cycle=7.0 stall=12.0 log=info" in job.output
-    for said in ("disagree", "HOROVOD_AUTOTUNE is ignored", "HVDLIKE_CYCLE_TIMES is not"):
+    for said in ("disagree", "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE is ignored",
+                 "HVDLIKE_CYCLE_TIMES is not"):
         assert job.output.count(said) == 1, said  # rank 0 says it, once per job
     assert ("hvdlike[0]: WARNING: HVDLIKE_LOG_LEVEL='info' and HOROVOD_LOG_LEVEL='error' "
             "disagree; using HVDLIKE_LOG_LEVEL") in job.output

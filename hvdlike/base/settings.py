@@ -6,7 +6,7 @@
 import dataclasses
 import difflib
 import os
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Tuple
 
 
 class Variable(NamedTuple):
@@ -72,6 +72,25 @@ VARIABLES = (
              "in a tf.compat.v1 graph, each collective waits in an asynchronous TensorFlow op "
              "that holds no thread (built with the C++ compiler on first use); 0: in a "
              "`tf.numpy_function` that holds an inter-op thread while it waits"),
+    Variable("HVDLIKE_AUTOTUNE", "0",
+             "1: during the first all-reduces, try settings of the knobs not set in the "
+             "environment (fusion threshold, cycle time, and where they apply the single-copy "
+             "threshold and hierarchical all-gather), scored by bytes all-reduced per second; "
+             "rank 0 decides, every rank applies each choice in the same engine round, and the "
+             "best one is kept (needs optuna: `pip install hvdlike[autotune]`)"),
+    Variable("HVDLIKE_AUTOTUNE_LOG", None,
+             "rank 0 writes every autotune sample (the knobs, bytes, seconds, score) and the "
+             "choice to this CSV file"),
+    Variable("HVDLIKE_AUTOTUNE_WARMUP_SAMPLES", "3",
+             "autotune samples at the starting settings, left out of the search"),
+    Variable("HVDLIKE_AUTOTUNE_STEPS_PER_SAMPLE", "10",
+             "engine rounds that ran all-reduces per autotune sample"),
+    Variable("HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "20",
+             "autotune samples of the search (after the warm-up ones); then the best is kept"),
+    Variable("HVDLIKE_AUTOTUNE_START", None,
+             "autotune's starting settings, as `knob=value,...` (knobs: fusion_threshold, "
+             "cycle_time_ms, cma_threshold, hierarchical_allgather); unlike a knob's own "
+             "variable, which holds it fixed, autotune may change them"),
     Variable("HVDLIKE_TIMELINE", None,
              "write the timeline (Chrome trace JSON): rank 0 to this path, rank r > 0 with "
              "`.rank<r>` before the extension"),
@@ -124,6 +143,18 @@ HOROVOD_NAMES = {
     "HOROVOD_LOG_LEVEL": "HVDLIKE_LOG_LEVEL",
     "HOROVOD_HIERARCHICAL_ALLREDUCE": "HVDLIKE_HIERARCHICAL_ALLREDUCE",
     "HOROVOD_HIERARCHICAL_ALLGATHER": "HVDLIKE_HIERARCHICAL_ALLGATHER",
+    "HOROVOD_AUTOTUNE": "HVDLIKE_AUTOTUNE",
+    "HOROVOD_AUTOTUNE_LOG": "HVDLIKE_AUTOTUNE_LOG",
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "HVDLIKE_AUTOTUNE_WARMUP_SAMPLES",
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "HVDLIKE_AUTOTUNE_STEPS_PER_SAMPLE",
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+}
+# The settings autotune may change (Settings fields) and the variable that holds each fixed.
+TUNABLE = {
+    "fusion_threshold": "HVDLIKE_FUSION_THRESHOLD",
+    "cycle_time_ms": "HVDLIKE_CYCLE_TIME",
+    "cma_threshold": "HVDLIKE_CMA_THRESHOLD",
+    "hierarchical_allgather": "HVDLIKE_HIERARCHICAL_ALLGATHER",
 }
 # Horovod settings hvdlike has no equivalent for (yet), by name or prefix: said once per job,
 # then ignored. Any other HOROVOD_ variable that is set gets a plain "no effect" note, except
@@ -131,10 +162,8 @@ HOROVOD_NAMES = {
 HOROVOD_IGNORED = {
     "HOROVOD_GPU_OPERATIONS": "hvdlike chooses NCCL for GPU arrays where it can; set "
                               "HVDLIKE_GPU_TRANSPORT=nccl or staged to choose",
-    "HOROVOD_AUTOTUNE": "hvdlike has no autotuning; set HVDLIKE_FUSION_THRESHOLD and "
-                        "HVDLIKE_CYCLE_TIME (flat against hierarchical all-reduce and single "
-                        "copy against the shared window are measured on the job's own buckets "
-                        "with HVDLIKE_HIERARCHICAL_ALLREDUCE=auto and HVDLIKE_CMA=auto)",
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "hvdlike's autotune searches with optuna's "
+                                               "TPE sampler, which has no noise term",
     "HOROVOD_CONTROLLER": "hvdlike runs on MPI only",
     "HOROVOD_CPU_OPERATIONS": "hvdlike runs on MPI only",
     "HOROVOD_DYNAMIC_PROCESS_SETS": "process sets can always be added and removed after init",
@@ -221,6 +250,13 @@ class Settings:
     deadlock_seconds: float = 10.0
     log_level: str = "warning"
     gpu_transport: str = "auto"
+    autotune: bool = False
+    autotune_log: Optional[str] = None
+    autotune_warmup_samples: int = 3
+    autotune_steps_per_sample: int = 10
+    autotune_max_samples: int = 20
+    autotune_start: Tuple[Tuple[str, Any], ...] = ()  # (knob, value)
+    autotune_pinned: FrozenSet[str] = frozenset()  # knobs whose variable is set
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
@@ -266,6 +302,16 @@ class Settings:
                                       zero=True),
             log_level=_log_level(env),
             gpu_transport=_choice(env, "HVDLIKE_GPU_TRANSPORT", ("auto", "nccl", "staged")),
+            autotune=_bool(env, "HVDLIKE_AUTOTUNE", cls.autotune),
+            autotune_log=env.get("HVDLIKE_AUTOTUNE_LOG") or None,
+            autotune_warmup_samples=_count(env, "HVDLIKE_AUTOTUNE_WARMUP_SAMPLES",
+                                           cls.autotune_warmup_samples, 0),
+            autotune_steps_per_sample=_count(env, "HVDLIKE_AUTOTUNE_STEPS_PER_SAMPLE",
+                                             cls.autotune_steps_per_sample, 1),
+            autotune_max_samples=_count(env, "HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+                                        cls.autotune_max_samples, 1),
+            autotune_start=_autotune_start(env),
+            autotune_pinned=frozenset(k for k, var in TUNABLE.items() if env.get(var)),
         )
 
 
@@ -300,6 +346,32 @@ def _seconds(env: Mapping[str, str], key: str, default: float, zero: bool) -> fl
         least = ">= 0 (0: never)" if zero else "more than 0"
         raise ValueError(f"{key}={env[key]!r} must be {least} seconds")
     return value
+
+
+def _count(env: Mapping[str, str], key: str, default: int, least: int) -> int:
+    value = _number(env, key, default, int, "a whole number")
+    if value < least:
+        raise ValueError(f"{key}={env[key]!r} must be at least {least}")
+    return value
+
+
+def _autotune_start(env: Mapping[str, str]) -> Tuple[Tuple[str, Any], ...]:
+    """HVDLIKE_AUTOTUNE_START's ``knob=value`` pairs, each value read and checked as the
+    knob's own variable is."""
+    raw = env.get("HVDLIKE_AUTOTUNE_START") or ""
+    pairs = []
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        knob, _, value = item.partition("=")
+        knob, value = knob.strip(), value.strip()
+        if knob not in TUNABLE or not value:
+            raise ValueError(f"HVDLIKE_AUTOTUNE_START={raw!r}: {item!r} is not knob=value with "
+                             f"a knob among {', '.join(TUNABLE)}")
+        try:  # the knob's own variable's checks and type
+            typed = getattr(Settings._parse({TUNABLE[knob]: value}), knob)
+        except ValueError as exc:
+            raise ValueError(f"HVDLIKE_AUTOTUNE_START={raw!r}: {exc}") from None
+        pairs.append((knob, typed))
+    return tuple(pairs)
 
 
 def _log_level(env: Mapping[str, str]) -> str:

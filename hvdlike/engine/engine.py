@@ -32,6 +32,7 @@ Shutting down is collective too: a stopping rank's engine keeps taking part in r
 every rank stops. Meanwhile the others fail, in the round that sees it, their requests that
 wait for a stopping rank (it will submit nothing more); requests of sets without it go on.
 """
+import dataclasses
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional
@@ -39,7 +40,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional
 from ..base.errors import RanksFailedError
 from ..handles import Handle
 from ..transport.control import Control
-from . import dispatch, execute_gpu, failing, latency, pending, timeline
+from . import autotune, dispatch, execute_gpu, failing, latency, pending, timeline
 from .checks import LocalError, Request
 from .entries import NONAME_NAMES, NONAMES, Entry
 from .negotiation import Negotiation
@@ -108,6 +109,8 @@ class Engine:
         self._paused = False  # inside exclusive_mpi(): no round runs, nothing is submitted
         self._paused_at = 0.0
         self.stopped = False
+        # HVDLIKE_AUTOTUNE: changes the knobs between samples of rounds (autotune.py)
+        self.autotuner = autotune.start(st, sets.get(0), self._control.bcast, self.retune)
         self.failure: Optional[RanksFailedError] = None  # ranks died (ULFM): the engine is over
         self._thread = threading.Thread(target=self._run, name="hvdlike-engine", daemon=True)
         self._thread.start()
@@ -334,6 +337,8 @@ class Engine:
         self._stuck = not self._productive and decision.all_waiting
         if decision.responses:
             dispatch.run_responses(self, decision.responses, now)
+            if self.autotuner is not None:
+                self.autotuner.after_round(decision.responses)
         if decision.all_joined and self._join_entry is not None:
             entry, self._join_entry, self._joined_round = self._join_entry, None, -1
             self._progress_at = now
@@ -355,6 +360,16 @@ class Engine:
             else:
                 self._stall.next_scan = now + self._stall.interval
 
+
+    def retune(self, values: Dict[str, Any]) -> None:
+        """Set knobs (``Settings`` fields) from the next round on: autotune's choice, made in
+        the same round on every rank."""
+        st = self._st
+        st.settings = dataclasses.replace(st.settings, **values)
+        self._cycle = st.settings.cycle_time_ms / 1000.0
+        for ps in self.sets.values():
+            if ps.group is not None:
+                ps.group.settings = st.settings
 
     def _keep_company(self, union: int) -> None:
         """A set without this rank had work pending: its members' rounds need this rank's

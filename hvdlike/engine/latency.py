@@ -27,9 +27,10 @@ def direct(engine: "Engine", request: Request, inputs: Any, process_set: Any) ->
     """Run ``request`` in a round of its own (``_lock`` held); returns its result, or the
     handle of the request left pending (not ready on every member, or a round with more
     to it than this request), or GENERAL when it must take the general path."""
+    tuning = engine.autotuner is not None and not engine.autotuner.done
     if (engine._queue or engine._pending or engine._join_entry is not None or engine._stopping
-        or engine._paused or timeline.current is not None):
-        return GENERAL
+        or engine._paused or timeline.current is not None or tuning):
+        return GENERAL  # (autotune counts rounds by their responses, which this path skips)
     set_id = process_set.process_set_id
     if request.name is None:
         with engine._qlock:

@@ -30,6 +30,15 @@ SETTINGS = {
     "--stall-check-shutdown-time-seconds": ("HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS", str,
                                             "end the job after a stall this long"),
     "--log-level": ("HVDLIKE_LOG_LEVEL", str, "trace, debug, info, warning, error or fatal"),
+    "--autotune-log-file": ("HVDLIKE_AUTOTUNE_LOG", str,
+                            "with --autotune: rank 0 writes every sample and the choice here "
+                            "(CSV)"),
+    "--autotune-warmup-samples": ("HVDLIKE_AUTOTUNE_WARMUP_SAMPLES", str,
+                                  "autotune samples at the starting settings, not scored"),
+    "--autotune-steps-per-sample": ("HVDLIKE_AUTOTUNE_STEPS_PER_SAMPLE", str,
+                                    "engine rounds with all-reduces per autotune sample"),
+    "--autotune-bayes-opt-max-samples": ("HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", str,
+                                         "autotune samples of the search"),
 }
 SWITCHES = {  # flags without a value -> (setting, value, help; None: hidden, as in horovodrun)
     "--timeline-mark-cycles": ("HVDLIKE_TIMELINE_MARK_CYCLES", "1",
@@ -45,12 +54,14 @@ SWITCHES = {  # flags without a value -> (setting, value, help; None: hidden, as
                                  "all-gather node by node (hvdlike's default)"),
     "--no-hierarchical-allgather": ("HVDLIKE_HIERARCHICAL_ALLGATHER", "0",
                                     "one flat all-gather over every rank"),
+    "--autotune": ("HVDLIKE_AUTOTUNE", "1",
+                   "tune the knobs not given (fusion threshold, cycle time, ...) during the "
+                   "first all-reduces (docs/performance.md#autotune)"),
+    "--no-autotune": ("HVDLIKE_AUTOTUNE", "0", None),
 }
 # accepted and without effect, as in horovodrun with Open MPI or MPICH, or already so here
-NO_EFFECT = ("--disable-cache", "--mpi", "--tcp", "--no-autotune", "--log-without-timestamp",
+NO_EFFECT = ("--disable-cache", "--mpi", "--tcp", "--log-without-timestamp",
              "--log-hide-timestamp", "--no-mpi-threads-disable")
-_AUTOTUNE = ("hvdlike has no autotuning: the job runs with the fusion threshold and cycle time "
-             "it is given (--fusion-threshold-mb, --cycle-time-ms)")
 _DISCOVERY = ("hvdlike's elastic mode has no host discovery: it goes on with the survivors "
               "and, with --max-np, starts new ranks in place of the dead on the hosts it has "
               "(docs/reliability.md)")
@@ -72,12 +83,8 @@ NOTED = {
     "--log-with-timestamp": (False, "no effect: hvdlike's log lines carry no timestamp; "
                                     "--prefix-output-with-timestamp stamps every line of "
                                     "output"),
-    "--autotune": (False, _AUTOTUNE),
-    "--autotune-log-file": (True, _AUTOTUNE),
-    "--autotune-warmup-samples": (True, _AUTOTUNE),
-    "--autotune-steps-per-sample": (True, _AUTOTUNE),
-    "--autotune-bayes-opt-max-samples": (True, _AUTOTUNE),
-    "--autotune-gaussian-process-noise": (True, _AUTOTUNE),
+    "--autotune-gaussian-process-noise": (True, "no effect: hvdlike's autotune searches with "
+                                                "optuna's TPE sampler, which has no noise term"),
 }
 REFUSED = {
     "--torus-allreduce": "hvdlike has no torus all-reduce; for the two-level (node, then across "
