@@ -47,6 +47,17 @@ def test_every_rank_applies_rank_0s_choices_in_the_same_sample(np_, tmp_path):
     assert int(searched[1]["fusion_threshold"]) == Settings.fusion_threshold
 
 
+def test_without_a_recurring_name_a_sample_ends_after_100_rounds_a_step(tmp_path):
+    log = tmp_path / "autotune.csv"
+    results = run_mpi(2, "autotune_cases:tune", timeout=120, steps=300, unique=True,
+                      env=env_for(HVDLIKE_AUTOTUNE=1, HVDLIKE_AUTOTUNE_LOG=log,
+                                  HVDLIKE_AUTOTUNE_WARMUP_SAMPLES=0,
+                                  HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=2,
+                                  HVDLIKE_AUTOTUNE_STEPS_PER_SAMPLE=1))
+    assert results[0]["done"] and results[0]["applied"] == results[1]["applied"]
+    assert [row["phase"] for row in csv.DictReader(log.open())] == ["search"] * 2 + ["chosen"]
+
+
 @pytest.mark.parametrize("env,says", [
     ({"HVDLIKE_AUTOTUNE_START": "fusion=1"}, "'fusion=1' is not knob=value with a knob among"),
     ({"HVDLIKE_AUTOTUNE_START": "cycle_time_ms=0"},

@@ -84,7 +84,8 @@ VARIABLES = (
     Variable("HVDLIKE_AUTOTUNE_WARMUP_SAMPLES", "3",
              "autotune samples at the starting settings, left out of the search"),
     Variable("HVDLIKE_AUTOTUNE_STEPS_PER_SAMPLE", "10",
-             "engine rounds that ran all-reduces per autotune sample"),
+             "training steps per autotune sample (a step: until the first all-reduce's name "
+             "comes back; at most 100 engine rounds with all-reduces)"),
     Variable("HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "20",
              "autotune samples of the search (after the warm-up ones); then the best is kept"),
     Variable("HVDLIKE_AUTOTUNE_START", None,

@@ -2,8 +2,9 @@
 all-reduces, try settings of the engine's knobs and keep the best, scored as Horovod scores
 them, by bytes all-reduced per second.
 
-A sample is ``autotune_steps_per_sample`` engine rounds that ran all-reduces; rounds are
-collective, so every rank ends a sample in the same round. There rank 0 scores it, asks the
+A sample is ``autotune_steps_per_sample`` training steps, a step recognized by the first
+all-reduce's name coming back; every rank sees the same responses in the same rounds, so
+every rank ends a sample in the same round. There rank 0 scores it, asks the
 search for the next settings and broadcasts them over the engine's own communicator (in the
 engine thread, so no other thread is in MPI), and every rank applies them before its next
 round. The first ``autotune_warmup_samples`` samples run the starting settings and are not
@@ -26,6 +27,7 @@ from .checks import Kind
 
 _ALLREDUCES = (Kind.ALLREDUCE, Kind.GROUPED_ALLREDUCE)
 _KiB, _MiB = 1024, 1024 * 1024
+_ROUNDS_PER_STEP_AT_MOST = 100  # a sample's end when no step is recognized
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,32 +157,41 @@ class Autotuner:
         if self._search is not None and self._warmup == 0:
             self._search.ask()  # the first trial: the starting settings (enqueued first)
         self._sample = 0  # samples ended so far
+        self._anchor: Any = None  # the key of the first all-reduce seen: a step's mark
+        self._marks = 0  # times the anchor came back in this sample: steps
         self._rounds = 0  # all-reduce rounds in this sample
         self._bytes = 0
-        self._started: Optional[float] = None
+        self._started = 0.0
         self.done = False
         self.applied: List[Tuple[int, Dict[str, Any]]] = []  # (sample, values) on this rank
         self._rows: List[List[Any]] = []
         self._set(start)
 
     def after_round(self, responses: Sequence[Any]) -> None:
-        """Count a round; at the end of a sample, every rank takes rank 0's next settings."""
-        nbytes = allreduced_bytes(responses)
-        if self.done or nbytes == 0:
+        """Count a round; at the end of a sample, every rank takes rank 0's next settings.
+        A training step is recognized by the first all-reduce the tuner saw coming back (its
+        name recurs once a step); a sample ends after ``steps`` of them, or after ``100 *
+        steps`` rounds with all-reduces if the name never recurs."""
+        if self.done:
+            return
+        keys = [r.key for r in responses
+                if r.error is None and r.request.kind in _ALLREDUCES]
+        if not keys:
             return
         now = time.perf_counter()
-        if self._started is None:  # the sample's time runs from the end of its first round
-            self._started = now
+        if self._anchor is None:  # samples run from the end of this round
+            self._anchor, self._started = keys[0], now
             return
         self._rounds += 1
-        self._bytes += nbytes
-        if self._rounds < self._steps:
+        self._bytes += allreduced_bytes(responses)
+        self._marks += keys.count(self._anchor)
+        if self._marks < self._steps and self._rounds < _ROUNDS_PER_STEP_AT_MOST * self._steps:
             return
         seconds = now - self._started
         decision = self._decide(self._bytes / seconds, seconds) if self._rank == 0 else None
         values, done = cast(Tuple[Dict[str, Any], bool], self._bcast(decision, 0))
         self._sample += 1
-        self._rounds, self._bytes, self.done = 0, 0, bool(done)
+        self._rounds, self._bytes, self._marks, self.done = 0, 0, 0, bool(done)
         self._set(values)
         self._started = time.perf_counter()
         if self.done:

@@ -36,7 +36,7 @@ SETTINGS = {
     "--autotune-warmup-samples": ("HVDLIKE_AUTOTUNE_WARMUP_SAMPLES", str,
                                   "autotune samples at the starting settings, not scored"),
     "--autotune-steps-per-sample": ("HVDLIKE_AUTOTUNE_STEPS_PER_SAMPLE", str,
-                                    "engine rounds with all-reduces per autotune sample"),
+                                    "training steps per autotune sample"),
     "--autotune-bayes-opt-max-samples": ("HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", str,
                                          "autotune samples of the search"),
 }

@@ -8,11 +8,13 @@ import hvdlike as hvd
 from hvdlike import runtime
 
 
-def tune(steps: int) -> Dict[str, Any]:
+def tune(steps: int, unique: bool = False) -> Dict[str, Any]:
+    """``unique``: every step's all-reduces have names of their own (no step to recognize)."""
     r, n = hvd.rank(), hvd.size()
     for step in range(steps):
         xs = [np.full(1000 * (k + 1), r + step + k, np.float32) for k in range(4)]
-        handles = [hvd.allreduce_async(x, name=f"g{k}", op=hvd.Sum) for k, x in enumerate(xs)]
+        handles = [hvd.allreduce_async(x, name=f"g{k}.{step}" if unique else f"g{k}", op=hvd.Sum)
+                   for k, x in enumerate(xs)]
         for k, h in enumerate(handles):
             expect = sum(q + step + k for q in range(n))
             np.testing.assert_array_equal(hvd.synchronize(h), np.full(1000 * (k + 1), expect))
