@@ -1,0 +1,294 @@
+#!/usr/bin/env python
+"""Autotune against a hand grid and the defaults, on a synthetic training job::
+
+    python scripts/bench_autotune.py [--where node,cluster] [--link 1gbit] [--scale 0.25] \
+        [--backprop-ms 60] [--steps 25] [--out results/bench_autotune/bench_autotune]
+
+Run it WITHOUT mpirun: it starts one job per setting itself, two ranks each: ``node`` on this
+machine (``hvdlikerun -np 2``), ``cluster`` on two test hosts of one rank each joined by a
+link shaped to ``--link`` (root only; hvdlike.testing.cluster).
+
+The job is a training step's communication without the model: ResNet-50's 214 gradients
+(their sizes times ``--scale``) go to ``hvd.allreduce_async`` one by one, last layer first,
+while a simulated backward pass sleeps ``--backprop-ms`` spread over them (after a forward
+pass of half that), then the step waits for them all; a step's time is rank 0's (every step
+ends with every gradient reduced everywhere). Sleeping stands for an accelerator's compute:
+the cores stay free for the transfers. The results are checked against NumPy on every rank.
+
+Settings, each its own job (``--steps`` steps after 3 untimed ones):
+
+* ``poor``: fusion threshold 64 KiB and a 20 ms cycle, the deliberately poor start;
+* ``defaults``: hvdlike's defaults (64 MiB, 1 ms);
+* ``grid f/c``: the hand grid, fusion threshold f and cycle time c;
+* ``autotune``: HVDLIKE_AUTOTUNE=1 starting from ``poor`` (HVDLIKE_AUTOTUNE_START), with
+  ``--warmup-samples``, ``--samples`` and ``--steps-per-sample``; its figure is the
+  ``--steps`` steps after tuning ended, its budget the steps and seconds tuning took.
+
+Every setting runs ``--repeats`` times, the list in turn. Reported per setting: steps/s
+(1 / the median step time; the median over the repeats) and its ratio to the best of the
+grid. Targets: autotune >= 0.95x the best grid setting, and not below the defaults. Writes
+OUT.json (every step time, the autotune log) and OUT.png.
+"""
+import argparse
+import csv
+import json
+import os
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_output import figure, markdown_table, write_json  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+KiB, MiB = 1 << 10, 1 << 20
+POOR = {"fusion_threshold": 64 * KiB, "cycle_time_ms": 20.0}
+GRID = [(f, c) for f in (1 * MiB, 16 * MiB, 64 * MiB) for c in (0.5, 5.0)]
+TARGET_OF_BEST, MAX_TUNING_STEPS = 0.95, 2000
+VARIABLE = {"fusion_threshold": "HVDLIKE_FUSION_THRESHOLD", "cycle_time_ms": "HVDLIKE_CYCLE_TIME"}
+
+
+# ----------------------------------------------------------------------------- on the ranks
+
+def worker(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    import hvdlike as hvd
+    from bench_fusion import make_inputs, resnet50_shapes
+    from hvdlike import runtime
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    grads = make_inputs(resnet50_shapes(), args.scale, r)[::-1]  # backprop order
+    expect = [np.full(g.shape, (n + 1) / 2 * ((len(grads) - 1 - i) % 7 + 1), np.float32)
+              for i, g in enumerate(grads)]
+    pause = args.backprop_ms / 1000 / len(grads)
+    tuner = runtime.state().engine.autotuner
+
+    def step(check: bool) -> float:
+        start = time.perf_counter()
+        time.sleep(args.backprop_ms / 2000)  # forward
+        handles = []
+        for i, g in enumerate(grads):
+            time.sleep(pause)
+            handles.append(hvd.allreduce_async(g, name=f"grad{i}", op=hvd.Average))
+        outs = [hvd.synchronize(h) for h in handles]
+        seconds = time.perf_counter() - start
+        if check:
+            for i, (o, e) in enumerate(zip(outs, expect)):
+                np.testing.assert_allclose(o, e, rtol=1e-6, err_msg=f"gradient {i}")
+        return seconds
+
+    times, tuned_at, tuning_seconds = [], None, None
+    began = time.perf_counter()
+    for k in range(3):
+        step(check=k == 0)
+    while True:
+        times.append(step(check=False))
+        # every rank sees the same done at the same step: tuning ends in one engine round
+        if tuner is not None and tuned_at is None:
+            if hvd.allreduce(np.array([tuner.done], np.int32), op=hvd.Min, name="done")[0]:
+                tuned_at, tuning_seconds = len(times), time.perf_counter() - began
+            elif len(times) >= MAX_TUNING_STEPS:
+                raise SystemExit(f"autotune had not ended after {MAX_TUNING_STEPS} steps")
+        after = len(times) - (tuned_at or 0)
+        if (tuner is None or tuned_at is not None) and after >= args.steps:
+            break
+    step(check=True)  # the chosen settings reduce right too
+    s = runtime.state().settings
+    if r == 0:
+        write_json(args.worker, {
+            "times": times, "tuned_at": tuned_at, "tuning_seconds": tuning_seconds,
+            "final": {"fusion_threshold": s.fusion_threshold, "cycle_time_ms": s.cycle_time_ms,
+                      "cma_threshold": s.cma_threshold,
+                      "hierarchical_allgather": s.hierarchical_allgather}})
+
+
+# ----------------------------------------------------------------------------- the driver
+
+def settings_env(values: Dict[str, Any]) -> Dict[str, str]:
+    return {VARIABLE[k]: str(v) for k, v in values.items()}
+
+
+def jobs(args: argparse.Namespace, log: Path) -> List[Dict[str, Any]]:
+    """(name, environment) of every job of one place."""
+    out = [dict(name="poor", env=settings_env(POOR)),
+           dict(name="defaults", env={})]
+    out += [dict(name=f"grid {f // MiB} MiB/{c:g} ms",
+                 env=settings_env({"fusion_threshold": f, "cycle_time_ms": c}))
+            for f, c in GRID]
+    start = ",".join(f"{k}={v}" for k, v in POOR.items())
+    out.append(dict(name="autotune", env={
+        "HVDLIKE_AUTOTUNE": "1", "HVDLIKE_AUTOTUNE_START": start,
+        "HVDLIKE_AUTOTUNE_LOG": str(log),
+        "HVDLIKE_AUTOTUNE_WARMUP_SAMPLES": str(args.warmup_samples),
+        "HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": str(args.samples),
+        "HVDLIKE_AUTOTUNE_STEPS_PER_SAMPLE": str(args.steps_per_sample)}))
+    return out
+
+
+def run_job(argv: List[str], env: Dict[str, str], timeout: float) -> None:
+    try:
+        p = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"a job had not ended after {timeout:g} s: {shlex.join(argv)}") from None
+    if p.returncode != 0:
+        raise SystemExit(f"job failed ({shlex.join(argv)}):\n{p.stdout[-3000:]}"
+                         f"{p.stderr[-3000:]}")
+
+
+def measure(args: argparse.Namespace, where: str, tmp: Path) -> List[Dict[str, Any]]:
+    cluster: Any = None
+    if where == "cluster":
+        from hvdlike.testing.cluster import Cluster, missing_requirements
+        why = missing_requirements()
+        if why:
+            raise SystemExit(f"bench_autotune --where cluster needs the test cluster: {why}")
+        cluster = Cluster(hosts=2, link=args.link, prefix="hvdat", net=81).up()
+    rows: List[Dict[str, Any]] = []
+    try:
+        for repeat, job in [(k, job) for k in range(args.repeats)
+                            for job in jobs(args, tmp / f"{where}-autotune-{k}.csv")]:
+            out = tmp / f"{where}-{len(rows)}.json"
+            program = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out),
+                       "--scale", str(args.scale), "--backprop-ms", str(args.backprop_ms),
+                       "--steps", str(args.steps)]
+            env = dict(os.environ, **job["env"], PYTHONPATH=str(REPO))
+            if cluster is None:
+                argv = [sys.executable, "-m", "hvdlike.runner", "-np", "2", *program]
+            else:
+                names = ["PYTHONPATH", *job["env"]]
+                mpirun = str(Path(sys.executable).parent / "mpirun")
+                argv = cluster.command_on(0, cluster.mpirun_argv(
+                    mpirun, [1, 1], program, [a for n in names for a in ("-x", n)]))
+                env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+            started = time.time()
+            run_job(argv, env, args.job_timeout)
+            result = json.loads(out.read_text())
+            measured = result["times"][result["tuned_at"] or 0:]
+            row = dict(where=where, name=job["name"], repeat=repeat, env=job["env"],
+                       steps_per_s=1 / statistics.median(measured), **result)
+            if job["name"] == "autotune":
+                with open(job["env"]["HVDLIKE_AUTOTUNE_LOG"]) as f:
+                    row["log"] = list(csv.DictReader(f))
+            rows.append(row)
+            print(f"  {where} {job['name']}: {row['steps_per_s']:.2f} steps/s "
+                  f"({time.time() - started:.0f} s)", flush=True)
+    finally:
+        if cluster is not None:
+            cluster.down()
+    return rows
+
+
+def combine(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per place and setting: the median steps/s of its repeats, and its ratio to the
+    best grid setting of the same place."""
+    rows = []
+    for where in dict.fromkeys(r["where"] for r in runs):
+        for name in dict.fromkeys(r["name"] for r in runs if r["where"] == where):
+            mine = [r for r in runs if r["where"] == where and r["name"] == name]
+            rows.append(dict(where=where, name=name,
+                             steps_per_s=statistics.median(r["steps_per_s"] for r in mine),
+                             repeats=[r["steps_per_s"] for r in mine], last=mine[-1]))
+        best = max(r["steps_per_s"] for r in rows
+                   if r["where"] == where and r["name"].startswith("grid"))
+        for r in rows:
+            if r["where"] == where:
+                r["of_best_grid"] = r["steps_per_s"] / best
+    return rows
+
+
+def summary(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    out = []
+    for where in sorted({r["where"] for r in rows}):
+        mine = {r["name"]: r for r in rows if r["where"] == where}
+        tuned = mine["autotune"]
+        out.append(dict(
+            where=where, autotune_of_best_grid=tuned["of_best_grid"],
+            autotune_of_defaults=tuned["steps_per_s"] / mine["defaults"]["steps_per_s"],
+            tuning_steps=tuned["last"]["tuned_at"],
+            tuning_seconds=tuned["last"]["tuning_seconds"], chosen=tuned["last"]["final"],
+            meets=bool(tuned["of_best_grid"] >= TARGET_OF_BEST
+                       and tuned["steps_per_s"] >= mine["defaults"]["steps_per_s"])))
+    return out
+
+
+def plot(rows: List[Dict[str, Any]], path: str) -> None:
+    places = sorted({r["where"] for r in rows})
+    with figure(path, 1, len(places) + 1, figsize=(6 * (len(places) + 1), 4.5)) as (fig, axes):
+        for ax, where in zip(axes, places):
+            mine = [r for r in rows if r["where"] == where]
+            colors = ["tab:green" if r["name"] == "autotune" else "tab:gray"
+                      if r["name"].startswith("grid") else "tab:red" for r in mine]
+            ax.barh([r["name"] for r in mine], [r["steps_per_s"] for r in mine], color=colors)
+            ax.set_xlabel("steps/s")
+            ax.set_title(f"{where}: steps/s per setting")
+            ax.invert_yaxis()
+        ax = axes[-1]
+        for where in places:
+            tuned = next(r["last"] for r in rows
+                         if r["where"] == where and r["name"] == "autotune")
+            ax.plot([1 / t for t in tuned["times"]], label=f"{where} autotune")
+            if tuned["tuned_at"]:
+                ax.axvline(tuned["tuned_at"], linestyle=":", color="black")
+        ax.set_xlabel("step")
+        ax.set_ylabel("steps/s")
+        ax.set_title("autotune from the poor start (dotted: tuning over)")
+        ax.legend()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--where", default="node,cluster", help="node, cluster or both")
+    p.add_argument("--link", default="1gbit", help="the cluster link's tc rate")
+    p.add_argument("--scale", type=float, default=0.25, help="gradient sizes x this")
+    p.add_argument("--backprop-ms", type=float, default=60.0)
+    p.add_argument("--steps", type=int, default=25, help="timed steps per setting")
+    p.add_argument("--warmup-samples", type=int, default=2)
+    p.add_argument("--samples", type=int, default=16)
+    p.add_argument("--steps-per-sample", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=2, help="runs of every setting (median)")
+    p.add_argument("--job-timeout", type=float, default=600)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=str(REPO / "results" / "bench_autotune" / "bench_autotune"))
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    runs: List[Dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench_autotune-") as tmp:
+        for where in args.where.split(","):
+            runs += measure(args, where, Path(tmp))
+    rows = combine(runs)
+    print(markdown_table(
+        ["where", "setting", "steps/s (median of repeats)", "repeats", "of best grid"],
+        [[r["where"], r["name"], f"{r['steps_per_s']:.2f}",
+          " ".join(f"{x:.2f}" for x in r["repeats"]), f"{r['of_best_grid']:.2f}"]
+         for r in rows]))
+    results = summary(rows)
+    print()
+    print(markdown_table(
+        ["where", "autotune / best grid", "autotune / defaults", "tuning took", "chosen",
+         "target"],
+        [[s["where"], f"{s['autotune_of_best_grid']:.2f}", f"{s['autotune_of_defaults']:.2f}",
+          f"{s['tuning_steps']} steps, {s['tuning_seconds']:.1f} s",
+          f"{s['chosen']['fusion_threshold'] / MiB:.2f} MiB, "
+          f"{s['chosen']['cycle_time_ms']:.2f} ms", "met" if s["meets"] else "MISSED"]
+         for s in results]))
+    write_json(args.out + ".json", {
+        "command": shlex.join(sys.argv), "host": socket.gethostname(), "cores": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"), "args": vars(args), "summary": results,
+        "runs": runs})
+    plot(rows, args.out + ".png")
+    print(f"wrote {args.out}.json and {args.out}.png")
+    return 0 if all(s["meets"] for s in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
