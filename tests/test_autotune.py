@@ -47,9 +47,9 @@ def test_every_rank_applies_rank_0s_choices_in_the_same_sample(np_, tmp_path):
     assert int(searched[1]["fusion_threshold"]) == Settings.fusion_threshold
 
 
-def test_without_a_recurring_name_a_sample_ends_after_100_rounds_a_step(tmp_path):
+def test_without_a_recurring_name_a_sample_ends_after_1000_rounds_a_step(tmp_path):
     log = tmp_path / "autotune.csv"
-    results = run_mpi(2, "autotune_cases:tune", timeout=120, steps=300, unique=True,
+    results = run_mpi(2, "autotune_cases:tune", timeout=180, steps=1200, unique=True,
                       env=env_for(HVDLIKE_AUTOTUNE=1, HVDLIKE_AUTOTUNE_LOG=log,
                                   HVDLIKE_AUTOTUNE_WARMUP_SAMPLES=0,
                                   HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=2,

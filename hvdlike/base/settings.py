@@ -85,7 +85,7 @@ VARIABLES = (
              "autotune samples at the starting settings, left out of the search"),
     Variable("HVDLIKE_AUTOTUNE_STEPS_PER_SAMPLE", "10",
              "training steps per autotune sample (a step: until the first all-reduce's name "
-             "comes back; at most 100 engine rounds with all-reduces)"),
+             "comes back; at most 1000 engine rounds with all-reduces)"),
     Variable("HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "20",
              "autotune samples of the search (after the warm-up ones); then the best is kept"),
     Variable("HVDLIKE_AUTOTUNE_START", None,

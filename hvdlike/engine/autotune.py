@@ -27,7 +27,7 @@ from .checks import Kind
 
 _ALLREDUCES = (Kind.ALLREDUCE, Kind.GROUPED_ALLREDUCE)
 _KiB, _MiB = 1024, 1024 * 1024
-_ROUNDS_PER_STEP_AT_MOST = 100  # a sample's end when no step is recognized
+_ROUNDS_PER_STEP_AT_MOST = 1000  # a sample's end when no step is recognized
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,8 +135,8 @@ class _Search:
 
 
 class Autotuner:
-    """Counts a job's all-reduce rounds into samples and changes the knobs between them
-    (``after_round``, in the engine thread after each round, on every rank). ``bcast(obj,
+    """Counts a job's training steps into samples and changes the knobs between them
+    (``after_round``, after each round that ran something, on every rank). ``bcast(obj,
     root)`` is the engine's broadcast; ``apply(values)`` sets the knobs (a dict of Settings
     fields) on this rank."""
 
@@ -170,7 +170,7 @@ class Autotuner:
     def after_round(self, responses: Sequence[Any]) -> None:
         """Count a round; at the end of a sample, every rank takes rank 0's next settings.
         A training step is recognized by the first all-reduce the tuner saw coming back (its
-        name recurs once a step); a sample ends after ``steps`` of them, or after ``100 *
+        name recurs once a step); a sample ends after ``steps`` of them, or after ``1000 *
         steps`` rounds with all-reduces if the name never recurs."""
         if self.done:
             return
