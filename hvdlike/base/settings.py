@@ -6,7 +6,18 @@
 import dataclasses
 import difflib
 import os
-from typing import Any, Callable, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
+
+from .env_values import (
+    read_bool,
+    read_bool_or_auto,
+    read_bytes,
+    read_choice,
+    read_count,
+    read_log_level,
+    read_ms,
+    read_seconds,
+)
 
 
 class Variable(NamedTuple):
@@ -257,7 +268,7 @@ class Settings:
     autotune_steps_per_sample: int = 10
     autotune_max_samples: int = 20
     autotune_start: Tuple[Tuple[str, Any], ...] = ()  # (knob, value)
-    autotune_pinned: FrozenSet[str] = frozenset()  # knobs whose variable is set
+    autotune_pinned: Tuple[str, ...] = ()  # knobs whose variable is set, sorted
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
@@ -276,84 +287,48 @@ class Settings:
     def _parse(cls, env: Mapping[str, str]) -> "Settings":
         names = env.get("HVDLIKE_NODE_NAMES")
         return cls(
-            fusion_threshold=_int(env, "HVDLIKE_FUSION_THRESHOLD", cls.fusion_threshold),
-            shm_threshold=_int(env, "HVDLIKE_SHM_THRESHOLD", cls.shm_threshold),
-            shm_buffer=_int(env, "HVDLIKE_SHM_BUFFER", cls.shm_buffer),
-            cma=_bool_or_auto(env, "HVDLIKE_CMA", cls.cma),
-            cma_threshold=_int(env, "HVDLIKE_CMA_THRESHOLD", cls.cma_threshold),
-            hierarchical_allreduce=_choice(env, "HVDLIKE_HIERARCHICAL_ALLREDUCE",
-                                           ("auto", "1", "0")),
-            hierarchical_allgather=_choice(env, "HVDLIKE_HIERARCHICAL_ALLGATHER", ("1", "0")),
-            cycle_time_ms=_float(env, "HVDLIKE_CYCLE_TIME", cls.cycle_time_ms),
-            cache_capacity=_int(env, "HVDLIKE_CACHE_CAPACITY", cls.cache_capacity),
-            overlap=_bool(env, "HVDLIKE_OVERLAP", cls.overlap),
-            overlap_bucket=_int(env, "HVDLIKE_OVERLAP_BUCKET", cls.overlap_bucket),
-            tf_wait_kernel=_bool(env, "HVDLIKE_TF_WAIT_KERNEL", cls.tf_wait_kernel),
+            fusion_threshold=read_bytes(env, "HVDLIKE_FUSION_THRESHOLD",
+                                        cls.fusion_threshold),
+            shm_threshold=read_bytes(env, "HVDLIKE_SHM_THRESHOLD", cls.shm_threshold),
+            shm_buffer=read_bytes(env, "HVDLIKE_SHM_BUFFER", cls.shm_buffer),
+            cma=read_bool_or_auto(env, "HVDLIKE_CMA", cls.cma),
+            cma_threshold=read_bytes(env, "HVDLIKE_CMA_THRESHOLD", cls.cma_threshold),
+            hierarchical_allreduce=read_choice(env, "HVDLIKE_HIERARCHICAL_ALLREDUCE",
+                                               ("auto", "1", "0")),
+            hierarchical_allgather=read_choice(env, "HVDLIKE_HIERARCHICAL_ALLGATHER",
+                                               ("1", "0")),
+            cycle_time_ms=read_ms(env, "HVDLIKE_CYCLE_TIME", cls.cycle_time_ms),
+            cache_capacity=read_bytes(env, "HVDLIKE_CACHE_CAPACITY", cls.cache_capacity),
+            overlap=read_bool(env, "HVDLIKE_OVERLAP", cls.overlap),
+            overlap_bucket=read_bytes(env, "HVDLIKE_OVERLAP_BUCKET", cls.overlap_bucket),
+            tf_wait_kernel=read_bool(env, "HVDLIKE_TF_WAIT_KERNEL", cls.tf_wait_kernel),
             timeline=env.get("HVDLIKE_TIMELINE") or None,
-            timeline_mark_cycles=_bool(env, "HVDLIKE_TIMELINE_MARK_CYCLES",
-                                       cls.timeline_mark_cycles),
-            abort_on_exception=_bool(env, "HVDLIKE_ABORT_ON_EXCEPTION", cls.abort_on_exception),
+            timeline_mark_cycles=read_bool(env, "HVDLIKE_TIMELINE_MARK_CYCLES",
+                                           cls.timeline_mark_cycles),
+            abort_on_exception=read_bool(env, "HVDLIKE_ABORT_ON_EXCEPTION",
+                                         cls.abort_on_exception),
             node_names=tuple(n.strip() for n in names.split(",")) if names else None,
-            stall_check=not _bool(env, "HVDLIKE_STALL_CHECK_DISABLE", False),
-            stall_check_time=_seconds(env, "HVDLIKE_STALL_CHECK_TIME_SECONDS",
-                                      cls.stall_check_time, zero=False),
-            stall_shutdown_time=_seconds(env, "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
-                                         cls.stall_shutdown_time, zero=True),
-            deadlock_seconds=_seconds(env, "HVDLIKE_DEADLOCK_SECONDS", cls.deadlock_seconds,
-                                      zero=True),
-            log_level=_log_level(env),
-            gpu_transport=_choice(env, "HVDLIKE_GPU_TRANSPORT", ("auto", "nccl", "staged")),
-            autotune=_bool(env, "HVDLIKE_AUTOTUNE", cls.autotune),
+            stall_check=not read_bool(env, "HVDLIKE_STALL_CHECK_DISABLE", False),
+            stall_check_time=read_seconds(env, "HVDLIKE_STALL_CHECK_TIME_SECONDS",
+                                          cls.stall_check_time, zero=False),
+            stall_shutdown_time=read_seconds(env, "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
+                                             cls.stall_shutdown_time, zero=True),
+            deadlock_seconds=read_seconds(env, "HVDLIKE_DEADLOCK_SECONDS",
+                                          cls.deadlock_seconds, zero=True),
+            log_level=read_log_level(env),
+            gpu_transport=read_choice(env, "HVDLIKE_GPU_TRANSPORT",
+                                      ("auto", "nccl", "staged")),
+            autotune=read_bool(env, "HVDLIKE_AUTOTUNE", cls.autotune),
             autotune_log=env.get("HVDLIKE_AUTOTUNE_LOG") or None,
-            autotune_warmup_samples=_count(env, "HVDLIKE_AUTOTUNE_WARMUP_SAMPLES",
-                                           cls.autotune_warmup_samples, 0),
-            autotune_steps_per_sample=_count(env, "HVDLIKE_AUTOTUNE_STEPS_PER_SAMPLE",
-                                             cls.autotune_steps_per_sample, 1),
-            autotune_max_samples=_count(env, "HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-                                        cls.autotune_max_samples, 1),
+            autotune_warmup_samples=read_count(env, "HVDLIKE_AUTOTUNE_WARMUP_SAMPLES",
+                                               cls.autotune_warmup_samples, 0),
+            autotune_steps_per_sample=read_count(env, "HVDLIKE_AUTOTUNE_STEPS_PER_SAMPLE",
+                                                 cls.autotune_steps_per_sample, 1),
+            autotune_max_samples=read_count(env, "HVDLIKE_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+                                            cls.autotune_max_samples, 1),
             autotune_start=_autotune_start(env),
-            autotune_pinned=frozenset(k for k, var in TUNABLE.items() if env.get(var)),
+            autotune_pinned=tuple(sorted(k for k, var in TUNABLE.items() if env.get(var))),
         )
-
-
-def _number(env: Mapping[str, str], key: str, default: Any, parse: Callable[[str], Any],
-            what: str) -> Any:
-    raw = env.get(key)
-    if raw is None or raw == "":
-        return default
-    try:
-        return parse(raw)
-    except ValueError:
-        raise ValueError(f"{key}={raw!r} is not {what}") from None
-
-
-def _int(env: Mapping[str, str], key: str, default: int) -> int:
-    value = _number(env, key, default, int, "an integer number of bytes")
-    if value < 0:
-        raise ValueError(f"{key}={env[key]!r} must be >= 0")
-    return value
-
-
-def _float(env: Mapping[str, str], key: str, default: float) -> float:
-    value = _number(env, key, default, float, "a number of milliseconds")
-    if not value > 0 or value > 60_000:
-        raise ValueError(f"{key}={env[key]!r} must be more than 0 and at most 60000 milliseconds")
-    return value
-
-
-def _seconds(env: Mapping[str, str], key: str, default: float, zero: bool) -> float:
-    value = _number(env, key, default, float, "a number of seconds")
-    if value < 0 or (value == 0 and not zero) or value != value:
-        least = ">= 0 (0: never)" if zero else "more than 0"
-        raise ValueError(f"{key}={env[key]!r} must be {least} seconds")
-    return value
-
-
-def _count(env: Mapping[str, str], key: str, default: int, least: int) -> int:
-    value = _number(env, key, default, int, "a whole number")
-    if value < least:
-        raise ValueError(f"{key}={env[key]!r} must be at least {least}")
-    return value
 
 
 def _autotune_start(env: Mapping[str, str]) -> Tuple[Tuple[str, Any], ...]:
@@ -373,46 +348,6 @@ def _autotune_start(env: Mapping[str, str]) -> Tuple[Tuple[str, Any], ...]:
             raise ValueError(f"HVDLIKE_AUTOTUNE_START={raw!r}: {exc}") from None
         pairs.append((knob, typed))
     return tuple(pairs)
-
-
-def _log_level(env: Mapping[str, str]) -> str:
-    from .log import LEVELS
-
-    raw = (env.get("HVDLIKE_LOG_LEVEL") or "warning").lower()
-    if raw not in LEVELS:
-        raise ValueError(f"HVDLIKE_LOG_LEVEL={env['HVDLIKE_LOG_LEVEL']!r} is not one of "
-                         + ", ".join(LEVELS))
-    return raw
-
-
-def _choice(env: Mapping[str, str], key: str, choices: Tuple[str, ...]) -> str:
-    raw = (env.get(key) or choices[0]).lower()
-    if raw not in choices:
-        raise ValueError(f"{key}={env[key]!r} is not one of " + ", ".join(choices))
-    return raw
-
-
-def _bool_or_auto(env: Mapping[str, str], key: str, default: str) -> str:
-    """The value as "1", "0" or "auto" (a boolean, or auto)."""
-    raw = (env.get(key) or "").lower()
-    if raw == "auto":
-        return raw
-    try:
-        return "1" if _bool(env, key, default == "1") else "0"
-    except ValueError:
-        raise ValueError(f"{key}={env[key]!r} is not a boolean or auto; use 1, 0 or auto") \
-            from None
-
-
-def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
-    raw = env.get(key)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{key}={raw!r} is not a boolean; use 1 or 0")
 
 
 def reference_table() -> str:
