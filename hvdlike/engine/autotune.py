@@ -93,13 +93,10 @@ def start(st: Any, world_set: Any, bcast: Callable[[object, int], object],
     return Autotuner(settings, st.rank, knobs, bcast, apply)
 
 
-def allreduced_bytes(responses: Sequence[Any]) -> int:
-    """The bytes of the all-reduces among a round's responses (on every rank alike)."""
+def allreduced_bytes(requests: Sequence[Any]) -> int:
+    """The bytes of all-reduce ``requests`` (single or grouped)."""
     total = 0
-    for response in responses:
-        request = response.request
-        if response.error is not None or request.kind not in _ALLREDUCES:
-            continue
+    for request in requests:
         if request.kind == Kind.GROUPED_ALLREDUCE:
             pairs = list(zip(request.dtype, request.shape))
         else:
@@ -174,17 +171,17 @@ class Autotuner:
         steps`` rounds with all-reduces if the name never recurs."""
         if self.done:
             return
-        keys = [r.key for r in responses
-                if r.error is None and r.request.kind in _ALLREDUCES]
-        if not keys:
+        counted = [r for r in responses if r.error is None and r.request.kind in _ALLREDUCES]
+        if not counted:
             return
         now = time.perf_counter()
         if self._anchor is None:  # samples run from the end of this round
-            self._anchor, self._started = keys[0], now
+            self._anchor, self._started = counted[0].key, now
             return
         self._rounds += 1
-        self._bytes += allreduced_bytes(responses)
-        self._marks += keys.count(self._anchor)
+        if self._rank == 0:  # only rank 0 scores
+            self._bytes += allreduced_bytes([r.request for r in counted])
+        self._marks += sum(r.key == self._anchor for r in counted)
         if self._marks < self._steps and self._rounds < _ROUNDS_PER_STEP_AT_MOST * self._steps:
             return
         seconds = now - self._started
@@ -194,8 +191,6 @@ class Autotuner:
         self._rounds, self._bytes, self._marks, self.done = 0, 0, 0, bool(done)
         self._set(values)
         self._started = time.perf_counter()
-        if self.done:
-            self._write_log()
 
     def _decide(self, score: float, seconds: float) -> Tuple[Dict[str, Any], bool]:
         """Rank 0: log the sample that ended, and what runs next (and whether it is final)."""
