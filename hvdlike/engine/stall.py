@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from ..base import death_notice
 from ..base.log import logger
 from . import timeline
 
@@ -157,4 +158,5 @@ def exit_now(rank: int, message: str, barrier: Optional[Callable[[], None]] = No
         tl.close()
     if barrier is not None:
         barrier()
+    death_notice.quiet()  # this rank said why it ends
     os._exit(1)

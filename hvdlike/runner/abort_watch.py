@@ -5,16 +5,22 @@ exception) or meets an error under ``MPI_ERRORS_ARE_FATAL``, then tears the job 
 the teardown never finishes: once, after a rank on another host was killed, the job hung with
 that notice as its last output (docs/reliability.md). ``hvdlikerun`` passes the job's output
 through an ``OutputWatch``; when a notice has appeared and the job is still running after the
-grace period, it ends the job. The same watch can leave some lines out of a stream (``drop``:
-TensorFlow's start-up lines, ``startup_noise``).
+grace period, it ends the job. It also keeps the first line in which hvdlike names a rank that
+died without its shutdown (``hvdlike.base.death_notice``), which hvdlikerun repeats as the
+job's last line. The same watch can leave some lines out of a stream (``drop``: TensorFlow's
+start-up lines, ``startup_noise``).
 """
 import os
+import re
 import threading
 import time
 from typing import BinaryIO, Callable, List, Optional
 
 NOTICES = (b"MPI_ERRORS_ARE_FATAL", b"MPI_ABORT was invoked")
 _TAIL = max(len(n) for n in NOTICES) - 1  # bytes kept so that a notice split in two is seen
+_DEATH = re.compile(rb"^hvdlike: rank \d+ of \d+ \(pid \d+ on host .*\) ended without "
+                    rb"hvdlike's shutdown.*$", re.M)
+_LINE = 4096  # bytes of an unfinished line kept to look for the death notice in
 
 
 class OutputWatch:
@@ -23,6 +29,7 @@ class OutputWatch:
 
     def __init__(self) -> None:
         self.seen_at: Optional[float] = None
+        self.first_death: Optional[str] = None  # hvdlike's line naming a rank that died
         self._threads: List[threading.Thread] = []
 
     def follow(self, source: BinaryIO, target: BinaryIO,
@@ -37,7 +44,7 @@ class OutputWatch:
 
     def _copy(self, source: BinaryIO, target: BinaryIO,
               drop: Optional[Callable[[bytes], bool]]) -> None:
-        tail, writing = b"", True
+        tail, line, writing = b"", b"", True
         fd = source.fileno()
         while True:
             chunk = os.read(fd, 65536)
@@ -56,6 +63,12 @@ class OutputWatch:
             if self.seen_at is None and any(n in seen for n in NOTICES):
                 self.seen_at = time.monotonic()
             tail = seen[-_TAIL:]
+            lines = line + chunk
+            if self.first_death is None and b"ended without" in lines:
+                found = _DEATH.search(lines, 0, lines.rfind(b"\n") + 1)
+                if found:
+                    self.first_death = found.group().decode(errors="replace")
+            line = lines[lines.rfind(b"\n") + 1:][-_LINE:]
         source.close()
 
     def overdue(self, grace: float) -> bool:

@@ -58,6 +58,10 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
         if watch is not None:
             watch.finish()
         session_dirs.remove_stale(env)  # this launcher's, if it was killed
+    if watch is not None and watch.first_death and code != 0:
+        # the MPI's own last words may name neither rank nor host (docs/reliability.md)
+        print(f"hvdlikerun: the job failed after {watch.first_death[len('hvdlike: '):]}",
+              file=sys.stderr, flush=True)
     return 128 - code if code < 0 else code
 
 

@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Sequence
 
 from . import ending, session_dirs, sets
 from .abort_notice import AbortNotice
-from ..base import log
+from ..base import death_notice, log
 from ..base.errors import NotInitializedError
 from ..base.settings import Settings, with_horovod_names
 from ..engine import timeline
@@ -131,6 +131,7 @@ def init(comm: Any = None, abort_on_exception: Optional[bool] = None) -> None:
     abort = settings.abort_on_exception if abort_on_exception is None else abort_on_exception
     if abort and size > 1:
         ending.install_abort_hook(_state)
+    death_notice.start(rank, size)  # from here on a death is named
 
 
 _replacement: List[bool] = []
@@ -256,6 +257,7 @@ def shutdown() -> None:
     st = _state
     if st is None:
         return
+    death_notice.quiet()
     st.engine.stop()
     timeline.stop_timeline()
     sets.unbind_all(release=True)
@@ -281,6 +283,7 @@ def forget_world() -> None:
     """Forget the world and its process sets without freeing them (ranks died: freeing is
     collective over them); ``runtime.shrink`` then starts a new one."""
     global _state
+    death_notice.quiet()
     sets.unbind_all(release=False)
     _state = None
 

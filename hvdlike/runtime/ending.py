@@ -7,6 +7,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, List
 
+from ..base import death_notice
+
 if TYPE_CHECKING:
     from . import State
 
@@ -43,6 +45,7 @@ def install_abort_hook(st: "State") -> None:
             # that one that could is heard first.
             if not st.engine.failure.failed:
                 time.sleep(1.0)
+            death_notice.quiet()
             os._exit(1)
         end_job(world)
 
@@ -57,6 +60,7 @@ def end_job(world: Any) -> None:
     called MPI_Abort at about the same time (every rank raising the same error), with every
     rank gone and SIGTERM ignored (``scripts/repro_ulfm_abort.py``: 6 jobs in 15 hung; with exits
     instead, none)."""
+    death_notice.quiet()  # this rank says why it ends
     if ulfm():
         sys.stdout.flush()
         sys.stderr.flush()

@@ -21,11 +21,21 @@ arrives, with no barrier between workers, so a slow worker holds nobody back.
 worker that has pushed k steps gets the weights for its next step only once every worker
 still training has pushed at least k - s steps. ``None``: no bound. ``0``: synchronous:
 each server waits for one push from every worker, averages them and applies them once,
-which is exactly ``DistributedOptimizer`` over the workers. With s > 0 each push is applied
-on its own and its update (what the optimizer moved the weights by) scaled by
-1/num_workers, so that one push from every worker moves the weights as far as one
-synchronous step of the global batch, whatever the optimizer (scaling Adam's gradients
-would not change its step).
+which is exactly ``DistributedOptimizer`` over the workers. Otherwise each push is one
+step of the user's optimizer, applied on its own, as TensorFlow's ParameterServerStrategy
+applies a worker's step: W workers take W steps in the time a synchronous job takes one
+step of the global batch (for the synchronous job's distance per example, divide the
+learning rate by W).
+
+``lookahead`` (on by default; off with ``max_staleness=0``): a push is computed on weights
+that the other workers' pushes have moved on by the time it arrives (its staleness: one
+update per other worker when all run at one pace). So each reply sends a worker the
+weights moved further along the last update, once per update its previous push was stale
+by: about where the weights will be when its next push is applied. Its gradients are then
+computed close to the weights they update, as those of one process are, which is what
+keeps asynchronous training learning as fast per example as one process taking the same
+steps (the figures: docs/parameter_server.md). The servers hold the true weights; a worker
+evaluating its model during ``train`` sees the moved ones.
 
 ``total_steps``: the servers apply this many pushes, counted over all workers, then answer
 every further push with "stop" (``ps.callback()`` ends ``fit``; custom loops read
@@ -47,7 +57,7 @@ worker 0's non-trainable ones.
 import os
 import pickle
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -71,7 +81,7 @@ class ParameterServerTraining:
     def __init__(self, model: Any, optimizer: Any, num_servers: int = 1,
                  max_staleness: Optional[int] = None, compression: Any = Compression.none,
                  total_steps: Optional[int] = None, checkpoint_dir: Optional[str] = None,
-                 checkpoint_every: int = 100) -> None:
+                 checkpoint_every: int = 100, lookahead: bool = True) -> None:
         st = runtime.state("hvdlike.tensorflow.ParameterServerTraining")
         size = st.size
         if not 1 <= int(num_servers) < size:
@@ -99,6 +109,7 @@ class ParameterServerTraining:
         self.max_staleness = None if max_staleness is None else int(max_staleness)
         self.total_steps = None if total_steps is None else int(total_steps)
         self.checkpoint_dir, self.checkpoint_every = checkpoint_dir, int(checkpoint_every)
+        self.lookahead = bool(lookahead) and self.max_staleness != 0
         self._wire = {Compression.none: np.float32, Compression.fp16: np.float16,
                       Compression.bf16: tf.bfloat16.as_numpy_dtype}[compression]
         self._shards = _shard_by_bytes(variables, self.num_servers)
@@ -191,7 +202,9 @@ class ParameterServerTraining:
         saved_at = 0  # ``applied`` at the last checkpoint
         version = self.stats.get("updates", 0)
         last_version = {w: version for w in active}
-        latest, latest_version = np.empty(0, np.float32), -1  # the weights last sent
+        latest, latest_version = np.empty(0, np.float32), -1  # the weights at the last reply
+        before = np.empty(0, np.float32)  # the weights before the last update
+        behind = {w: 0 for w in active}  # updates applied between a worker's pull and push
         header = np.empty(2, np.int64)
         status = _core_mpi().Status()
         while active:
@@ -205,10 +218,11 @@ class ParameterServerTraining:
                 grad = wire.astype(np.float32, copy=False)  # used before the next receive
                 if self.total_steps is not None and self._pushes_applied >= self.total_steps:
                     discarded += 1
-                    self._reply(worker, stop=True)
+                    self._reply(worker, True, before, 0)
                     continue
                 self._pushes_applied += 1
-                staleness.append(version - last_version[worker])
+                behind[worker] = version - last_version[worker]
+                staleness.append(behind[worker])
                 if worker in sent and version != last_version[worker]:
                     # the weights of the last reply, if nothing was applied since
                     now = latest if latest_version == version else self._shard_weights()
@@ -220,7 +234,9 @@ class ParameterServerTraining:
                     summed += grad
                     summed_from.append(worker)
                 else:
-                    self._apply(shard_vars, grad, 1.0 / self.num_workers)
+                    if self.lookahead:
+                        before = latest if latest_version == version else self._shard_weights()
+                    self._apply(shard_vars, grad)
                     version += 1
                     applied += 1
                     waiting.append(worker)
@@ -241,8 +257,10 @@ class ParameterServerTraining:
                     last_version[w] = version
                     if w in active:
                         lead = max(lead, pushes[w] - slowest)
-                    sent[w] = latest = self._reply(w, stop=self.total_steps is not None
-                                                   and self._pushes_applied >= self.total_steps)
+                    stop = (self.total_steps is not None
+                            and self._pushes_applied >= self.total_steps)
+                    ahead = behind[w] if self.lookahead and before.size else 0
+                    latest, sent[w] = self._reply(w, stop, before, ahead)
                     latest_version = version
                 else:
                     still.append(w)
@@ -268,27 +286,29 @@ class ParameterServerTraining:
         np.concatenate(parts, out=out[:n])
         return out
 
-    def _reply(self, worker: int, stop: bool) -> np.ndarray:
-        """Send ``worker`` this shard's weights (and whether to stop); returns the weights."""
+    def _reply(self, worker: int, stop: bool, before: np.ndarray,
+               ahead: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Send ``worker`` this shard's weights (and whether to stop), moved ``ahead`` times
+        the last update (the weights minus ``before``) further on: about where the updates
+        applied while the worker computes its next push will have taken them. Returns the
+        weights and what was sent."""
         message = self._shard_weights(extra=1)
+        now = message[:-1]
+        if ahead:
+            now = now.copy()
+            message[:-1] += ahead * (now - before)
         message[-1] = 1.0 if stop else 0.0
         self._comm.Send(message, dest=worker, tag=_REPLY)
-        return message[:-1]
+        return now, message[:-1]
 
-    def _apply(self, shard_vars: List[Any], flat: np.ndarray, scale: float = 1.0) -> None:
-        """Apply the gradients ``flat`` with the user's optimizer and move the weights
-        ``scale`` times as far as it did (the optimizer's own state sees the full gradients).
-        Scaling the update, not the gradients, is what makes 1/num_workers mean the same for
-        every optimizer: Adam's step does not change when its gradients are scaled."""
+    def _apply(self, shard_vars: List[Any], flat: np.ndarray) -> None:
+        """Apply the gradients ``flat`` (this shard's, flat) with the user's optimizer."""
         if self._apply_fn is None:  # traced once: eager apply_gradients costs milliseconds
             optimizer = self._server_optimizer
 
             @tf.function
-            def apply(grads: List[tf.Tensor], scale: tf.Tensor) -> None:
-                before = [tf.identity(tf.convert_to_tensor(v)) for v in shard_vars]
+            def apply(grads: List[tf.Tensor]) -> None:
                 optimizer.apply_gradients(zip(grads, shard_vars))
-                for v, old in zip(shard_vars, before):
-                    v.assign(old + (tf.convert_to_tensor(v) - old) * tf.cast(scale, v.dtype))
 
             self._apply_fn = apply
         grads, at = [], 0
@@ -296,7 +316,7 @@ class ParameterServerTraining:
             grads.append(tf.constant(flat[at:at + self._sizes[i]].reshape(v.shape),
                                      dtype=v.dtype))
             at += self._sizes[i]
-        self._apply_fn(grads, tf.constant(scale, tf.float32))
+        self._apply_fn(grads)
 
     def _checkpoint_path(self) -> str:
         index = self.servers.index(self.rank)

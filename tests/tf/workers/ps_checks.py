@@ -3,7 +3,7 @@
 servers). Keras ``fit`` and a custom ``tf.function`` loop; Keras 3 or tf_keras."""
 import sys
 
-from common import assert_close, check, close, hvd, np, shared_temp_dir, tf  # noqa: F401
+from common import assert_close, check, close, hvd, np, say, shared_temp_dir, tf  # noqa: F401
 
 from hvdlike.tensorflow import compat
 
@@ -86,11 +86,10 @@ def _():
     assert loss1 < loss0, (loss0, loss1)
 
 
-@check("ps_async_push_moves_the_weights_one_worker_share_whatever_the_optimizer")
+@check("ps_async_push_is_one_step_of_the_optimizer_whatever_the_optimizer")
 def _():
-    # only worker 0 trains, so its pushes apply in order: each moves the weights 1/W of the
-    # optimizer's step, i.e. one process with learning rate lr/W (Adam too, whose step does
-    # not change when its gradients are scaled)
+    # only worker 0 trains, so its pushes apply in order: each is one step of the server's
+    # optimizer, as in one process with the same learning rate
     for make in (lambda lr: keras.optimizers.Adam(lr),
                  lambda lr: keras.optimizers.SGD(lr, momentum=0.9)):
         m = model_and_data()
@@ -99,10 +98,128 @@ def _():
         x, y = shard(0)
         ps.run(lambda: m.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
                if ps.worker_index == 0 else None)
-        want = reference(1, make(0.01 / ps.num_workers))
+        want = reference(1, make(0.01))
         for got, ref in zip(m.get_weights(), want):
             assert_close(got, ref, rtol=1e-5, atol=1e-6)
         assert ps.stats["updates"] == STEPS, ps.stats
+
+
+class OneThreadInMpi:
+    """Stands in for a ParameterServerTraining's communicator: every call (and every call on
+    the requests it returns) goes to the real one, and the most threads inside such calls at
+    once is kept."""
+
+    def __init__(self, comm):
+        import threading
+        self._comm, self._lock, self.inside, self.most = comm, threading.Lock(), 0, 0
+
+    def _wrap(self, fn):
+        def call(*args, **kwargs):
+            with self._lock:
+                self.inside += 1
+                self.most = max(self.most, self.inside)
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.inside -= 1
+            return OneThreadInMpi(out) if type(out).__name__ == "Request" else out
+        return call
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        return self._wrap(attr) if callable(attr) else attr
+
+
+@check("ps_async_learns_as_one_process_taking_the_same_steps_with_one_thread_in_mpi")
+def _():
+    # each worker's pushes are steps on its own shard; one process taking the same number of
+    # steps, the workers' batches in turn, sets the loss to reach (on all the workers' data)
+    from hvdlike import runtime
+    total = 8 * STEPS * (hvd.size() - NUM_SERVERS)
+    m = model_and_data()
+    ps = hvd.ParameterServerTraining(m, keras.optimizers.Adam(0.01), num_servers=NUM_SERVERS,
+                                     total_steps=total)
+    m.compile(optimizer=ps.optimizer, loss="mse")
+    watch = ps._comm = OneThreadInMpi(ps._comm)
+    engine = runtime.state().engine
+    rounds = []
+
+    def train():
+        rounds.append(engine._round_no)
+        x, y = shard(ps.worker_index)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat()
+        out = m.fit(ds, steps_per_epoch=10 * total, epochs=1, verbose=0,
+                    callbacks=[ps.callback()])
+        rounds.append(engine._round_no)
+        return out
+
+    ps.run(train)
+    assert watch.most == 1, f"{watch.most} threads of rank {hvd.rank()} in MPI at once"
+    assert rounds == [] or rounds[0] == rounds[1], f"the engine ran rounds in train: {rounds}"
+    assert ps.stats["updates"] == total, ps.stats
+    data = [shard(w) for w in range(ps.num_workers)]
+    x = np.concatenate([d[0] for d in data])
+    y = np.concatenate([d[1] for d in data])
+    one = model_and_data()
+    one.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    turns = [(d[0][k * BATCH:(k + 1) * BATCH], d[1][k * BATCH:(k + 1) * BATCH])
+             for k in range(STEPS) for d in data]
+    for step in range(total):
+        one.train_on_batch(*turns[step % len(turns)])
+    start = float(np.mean((model_and_data().predict(x, verbose=0) - y) ** 2))
+    want = float(np.mean((one.predict(x, verbose=0) - y) ** 2))
+    got = float(np.mean((m.predict(x, verbose=0) - y) ** 2))
+    say(f"PS_LOSS rank={hvd.rank()} start={start:.5f} one_process={want:.5f} async={got:.5f} "
+        f"staleness={ps.stats['mean_staleness']:.2f}")
+    assert got <= 1.05 * want, (start, want, got, ps.stats)
+
+
+@check("ps_lookahead_sends_a_stale_worker_the_weights_moved_on_by_the_last_update")
+def _():
+    # worker 0 pushes first, then worker 1 pushes a gradient computed on the initial weights:
+    # one update stale, so its reply is the weights moved on once more by that last update
+    # (with lookahead; without, the weights themselves). Checked against one process.
+    from mpi4py import MPI
+    for lookahead in (True, False):
+        m = model_and_data()
+        grads = []
+        for w in range(2):
+            xw, yw = shard(w)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((m(xw[:BATCH]) - yw[:BATCH]) ** 2)
+            grads.append([g.numpy() for g in tape.gradient(loss, m.trainable_variables)])
+        ps = hvd.ParameterServerTraining(m, keras.optimizers.Adam(0.01), num_servers=NUM_SERVERS,
+                                         lookahead=lookahead)
+        order = MPI.COMM_WORLD.Dup()
+        got = []
+
+        def train():
+            if ps.worker_index == 0:
+                got.append(ps.push_and_pull(grads[0]))
+                if ps.num_workers > 1:
+                    order.send(True, dest=1)
+            elif ps.worker_index == 1:
+                order.recv(source=0)
+                got.append(ps.push_and_pull(grads[1]))
+
+        ps.run(train)
+        order.Free()
+        replies = hvd.allgather_object(got[0] if got else None)
+        if ps.num_workers < 2:
+            continue
+        one = model_and_data()
+        opt = keras.optimizers.Adam(0.01)
+        opt.apply_gradients(zip([tf.constant(g) for g in grads[0]], one.trainable_variables))
+        w1 = [v.numpy() for v in one.trainable_variables]
+        opt.apply_gradients(zip([tf.constant(g) for g in grads[1]], one.trainable_variables))
+        w2 = [v.numpy() for v in one.trainable_variables]
+        want = [b + (b - a) for a, b in zip(w1, w2)] if lookahead else w2
+        for got0, got1, a, b in zip(replies[0], replies[1], w1, want):
+            assert_close(got0, a, rtol=1e-5, atol=1e-7)
+            assert_close(got1, b, rtol=1e-5, atol=1e-7)
+        assert ps.stats["mean_staleness"] == 0.5, ps.stats  # 0, then 1
+        assert not any(np.allclose(a, b) for a, b in zip(w1, w2))  # the second update moved
 
 
 @check("ps_staleness_bound_holds_with_a_slow_worker")
