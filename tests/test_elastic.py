@@ -177,28 +177,32 @@ def test_horovods_name_for_the_error_catches_a_death_under_ulfm():
     assert "RESULT" not in job.output
 
 
-DIED = (r"^hvdlike: rank (\d+) of 4 \(pid \d+ on host (\S+)\) ended without hvdlike's "
-        r"shutdown: killed \(kill -9, the OOM killer\) or crashed$")
+DIED = (r"^hvdlike: rank (\d+) of (?:\d+) \(pid \d+ on host (\S+)\) ended without hvdlike's "
+        r"shutdown \(t=([\d.]+)\): killed \(kill -9, the OOM killer\) or crashed$")
 
 
-@pytest.mark.parametrize("btl", ["default", "tcp"])
-def test_plain_mode_kill_ends_the_job_within_10_s_naming_the_rank_and_host(btl):
-    """Three runs each, with the default transports and with TCP alone (where a survivor's
-    transport may see the closed socket before the launcher sees the death, and Open MPI's
-    own last words then name no rank): every run names rank 2 and its host, first among any
-    such lines (a survivor that Open MPI aborts on the transport error may add its own), and
-    hvdlikerun repeats it as the job's last line."""
+def first_death(output):
+    """(rank, host) of hvdlike's death notice with the earliest time of death, or None."""
+    died = sorted((float(t), rank, host) for rank, host, t in re.findall(DIED, output, re.M))
+    return died[0][1:] if died else None
+
+
+def test_plain_mode_kill_ends_the_job_within_10_s_naming_the_rank_and_host():
+    """Three runs: in every one hvdlike's notice with the earliest time names rank 2 and its
+    host, and hvdlikerun repeats it as the job's last line. Not with TCP alone: there a
+    survivor's transport may see the closed socket first, and on a busy machine Open MPI then
+    ends the job, and the notice's shell with it, before the shell has run (docs/reliability.md)."""
     import socket
-    env = {"OMPI_MCA_btl": "tcp,self"} if btl == "tcp" else None
     for run in range(3):
-        job, ended = _run(4, "plain", 2, env=env)
+        job, ended = _run(4, "plain", 2)
         assert job.returncode != 0 and "RESULT" not in job.output, job.output[-3000:]
-        died = re.findall(DIED, job.output, re.M)
-        assert died and died[0] == ("2", socket.gethostname()), f"run {run}:\n{job.output[-3000:]}"
+        assert first_death(job.output) == ("2", socket.gethostname()), (
+            f"run {run}:\n{job.output[-3000:]}")
         # Open MPI's output now and then ends in NUL bytes with no newline after them
         last = job.output.replace("\0", "").strip().splitlines()[-1]
-        assert re.fullmatch("hvdlikerun: the job failed after " + DIED[len("^hvdlike: "):],
-                            last), f"run {run}: {last!r}"
+        assert re.fullmatch("hvdlikerun: the job failed after rank 2 of 4 "
+                            + DIED[len("^hvdlike: rank (\\d+) of (?:\\d+) "):], last), (
+            f"run {run}: {last!r}")
         assert ended - _killed_at(job.output) <= 10
 
 

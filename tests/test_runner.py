@@ -1002,7 +1002,7 @@ def test_a_startup_line_split_across_two_reads_is_kept_whole():
     assert sink.data == line + b"kept\n"
 
 
-def test_the_first_rank_named_as_dead_is_kept_also_when_its_line_comes_in_two_reads():
+def test_the_earliest_death_is_kept_also_when_its_line_comes_in_two_reads():
     import os
     from hvdlike.runner.abort_watch import OutputWatch
 
@@ -1015,27 +1015,27 @@ def test_the_first_rank_named_as_dead_is_kept_also_when_its_line_comes_in_two_re
         def flush(self):
             pass
 
-    died = (b"hvdlike: rank 3 of 4 (pid 77 on host b) ended without hvdlike's shutdown: "
-            b"killed (kill -9, the OOM killer) or crashed\n")
-    later = died.replace(b"rank 3", b"rank 1")
+    died = (b"hvdlike: rank 3 of 4 (pid 77 on host b) ended without hvdlike's shutdown "
+            b"(t=100.5): killed (kill -9, the OOM killer) or crashed\n")
+    later = died.replace(b"rank 3", b"rank 1").replace(b"100.5", b"100.7")  # came in first
     read, write = os.pipe()
     watch, sink = OutputWatch(), Sink()
     watch.follow(os.fdopen(read, "rb"), sink)
-    os.write(write, b"a line\n" + died[:30])
+    os.write(write, b"a line\n" + later + died[:30])
     deadline = time.monotonic() + 30
     while not sink.data.endswith(died[:30]) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert watch.first_death is None  # half a line names nobody yet
-    os.write(write, died[30:] + later)
+    assert watch.first_death == later.decode().rstrip("\n")  # half a line names nobody yet
+    os.write(write, died[30:])
     os.close(write)
     watch.finish()
-    assert sink.data == b"a line\n" + died + later
+    assert sink.data == b"a line\n" + later + died
     assert watch.first_death == died.decode().rstrip("\n")
 
 
 def test_hvdlikerun_repeats_the_dead_rank_as_its_last_line_only_when_the_job_failed():
-    died = ("hvdlike: rank 3 of 4 (pid 77 on host b) ended without hvdlike's shutdown: "
-            "killed (kill -9, the OOM killer) or crashed")
+    died = ("hvdlike: rank 3 of 4 (pid 77 on host b) ended without hvdlike's shutdown "
+            "(t=100.5): killed (kill -9, the OOM killer) or crashed")
     for status in (1, 0):
         program = f"import sys; print({died!r}, file=sys.stderr); sys.exit({status})"
         p = subprocess.run([sys.executable, "-c",

@@ -5,21 +5,21 @@ exception) or meets an error under ``MPI_ERRORS_ARE_FATAL``, then tears the job 
 the teardown never finishes: once, after a rank on another host was killed, the job hung with
 that notice as its last output (docs/reliability.md). ``hvdlikerun`` passes the job's output
 through an ``OutputWatch``; when a notice has appeared and the job is still running after the
-grace period, it ends the job. It also keeps the first line in which hvdlike names a rank that
-died without its shutdown (``hvdlike.base.death_notice``), which hvdlikerun repeats as the
-job's last line. The same watch can leave some lines out of a stream (``drop``: TensorFlow's
+grace period, it ends the job. It also keeps the lines in which hvdlike names a rank that
+died without its shutdown (``hvdlike.base.death_notice``); hvdlikerun repeats the one with
+the earliest time of death as the job's last line. The same watch can leave some lines out of a stream (``drop``: TensorFlow's
 start-up lines, ``startup_noise``).
 """
 import os
 import re
 import threading
 import time
-from typing import BinaryIO, Callable, List, Optional
+from typing import BinaryIO, Callable, List, Optional, Tuple
 
 NOTICES = (b"MPI_ERRORS_ARE_FATAL", b"MPI_ABORT was invoked")
 _TAIL = max(len(n) for n in NOTICES) - 1  # bytes kept so that a notice split in two is seen
 _DEATH = re.compile(rb"^hvdlike: rank \d+ of \d+ \(pid \d+ on host .*\) ended without "
-                    rb"hvdlike's shutdown.*$", re.M)
+                    rb"hvdlike's shutdown(?: \(t=([\d.]+)\))?.*$", re.M)
 _LINE = 4096  # bytes of an unfinished line kept to look for the death notice in
 
 
@@ -29,7 +29,7 @@ class OutputWatch:
 
     def __init__(self) -> None:
         self.seen_at: Optional[float] = None
-        self.first_death: Optional[str] = None  # hvdlike's line naming a rank that died
+        self._deaths: List[Tuple[float, int, str]] = []  # (time of death, order, line)
         self._threads: List[threading.Thread] = []
 
     def follow(self, source: BinaryIO, target: BinaryIO,
@@ -64,12 +64,19 @@ class OutputWatch:
                 self.seen_at = time.monotonic()
             tail = seen[-_TAIL:]
             lines = line + chunk
-            if self.first_death is None and b"ended without" in lines:
-                found = _DEATH.search(lines, 0, lines.rfind(b"\n") + 1)
-                if found:
-                    self.first_death = found.group().decode(errors="replace")
+            if b"ended without" in lines:
+                for found in _DEATH.finditer(lines, 0, lines.rfind(b"\n") + 1):
+                    when = float(found.group(1)) if found.group(1) else float("inf")
+                    self._deaths.append((when, len(self._deaths),
+                                         found.group().decode(errors="replace")))
             line = lines[lines.rfind(b"\n") + 1:][-_LINE:]
         source.close()
+
+    @property
+    def first_death(self) -> Optional[str]:
+        """hvdlike's line naming the rank that died first (the earliest time of death; without
+        times, the first line), or None."""
+        return min(self._deaths)[2] if self._deaths else None
 
     def overdue(self, grace: float) -> bool:
         """A notice went by more than ``grace`` seconds ago."""
