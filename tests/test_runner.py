@@ -973,23 +973,25 @@ def test_tensorflows_startup_lines_are_left_out_of_the_jobs_output_unless_asked_
         assert done.stderr.count(line) == (2 if keep else 0), line
 
 
+class _Sink:
+    """Collects what an OutputWatch copies."""
+    data = b""
+
+    def write(self, b):
+        self.data += b
+
+    def flush(self):
+        pass
+
+
 def test_a_startup_line_split_across_two_reads_is_kept_whole():
     import os
     from hvdlike.runner.abort_watch import OutputWatch
     from hvdlike.runner.startup_noise import is_startup_line
 
-    class Sink:
-        data = b""
-
-        def write(self, b):
-            self.data += b
-
-        def flush(self):
-            pass
-
     line = _TF_STARTUP.splitlines(keepends=True)[1].encode()
     read, write = os.pipe()
-    watch, sink = OutputWatch(), Sink()
+    watch, sink = OutputWatch(), _Sink()
     watch.follow(os.fdopen(read, "rb"), sink, is_startup_line)
 
     os.write(write, line[:40])
@@ -1006,20 +1008,11 @@ def test_the_earliest_death_is_kept_also_when_its_line_comes_in_two_reads():
     import os
     from hvdlike.runner.abort_watch import OutputWatch
 
-    class Sink:
-        data = b""
-
-        def write(self, b):
-            self.data += b
-
-        def flush(self):
-            pass
-
     died = (b"hvdlike: rank 3 of 4 (pid 77 on host b) ended without hvdlike's shutdown "
             b"(t=100.5): killed (kill -9, the OOM killer) or crashed\n")
     later = died.replace(b"rank 3", b"rank 1").replace(b"100.5", b"100.7")  # came in first
     read, write = os.pipe()
-    watch, sink = OutputWatch(), Sink()
+    watch, sink = OutputWatch(), _Sink()
     watch.follow(os.fdopen(read, "rb"), sink)
     os.write(write, b"a line\n" + later + died[:30])
     deadline = time.monotonic() + 30
