@@ -417,8 +417,16 @@ def test_only_the_session_dirs_of_dead_launchers_of_this_host_are_removed(tmp_pa
         p.wait()
         dead.append(p.pid)
     host = socket.gethostname().split(".")[0]
+    import threading
+    thread_ids: List[int] = []
+    thread = threading.Thread(target=lambda: (thread_ids.append(threading.get_native_id()),
+                                              time.sleep(30)), daemon=True)
+    thread.start()
+    while not thread_ids:
+        time.sleep(0.01)
     gone = [_stale_session(tmp_path, f"ompi.{dead[0]}", host),
-            _stale_session(tmp_path, f"prted.{dead[1]}", host)]
+            _stale_session(tmp_path, f"prted.{dead[1]}", host),
+            _stale_session(tmp_path, f"ompi.{thread_ids[0]}", host)]  # a thread's id: no process
     kept = [_stale_session(tmp_path, f"ompi.{os.getpid()}", host),  # its launcher still runs
             _stale_session(tmp_path, f"ompi.{dead[2]}", "another-host")]  # its own process ids
     (tmp_path / "ompi.12").mkdir()  # no rendezvous file: not a session directory we know

@@ -35,13 +35,19 @@ def session_base(env: Mapping[str, str]) -> str:
 
 
 def _running(pid: int) -> bool:
+    """A process ``pid`` runs (a thread with that id, which ``kill`` also finds, is not one)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            tgid = next((line.split()[1] for line in f if line.startswith("Tgid:")), str(pid))
+    except OSError:  # no /proc: take it as a process
+        return True
+    return tgid == str(pid)
 
 
 def remove_stale(env: Mapping[str, str], hostname: Optional[str] = None) -> List[str]:
