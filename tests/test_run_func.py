@@ -16,6 +16,7 @@ import pytest
 
 import hvdlike
 from hvdlike.runner import run_func
+from hvdlike.runner.command import reachable_address
 from test_runner import _alive
 
 CASES = Path(__file__).resolve().parent / "mpi_cases" / "run_func_cases.py"
@@ -211,7 +212,7 @@ def test_with_network_interface_the_caller_listens_on_that_network_only(named):
 def test_the_ranks_are_told_an_address_of_this_machine_they_can_reach(tmp_path):
     """127.0.0.1 when every host is this machine; else the source address of the route to
     the first other host (the test cluster checks that one end to end)."""
-    assert run_func._reachable_address("localhost:2,127.0.0.1:1", None) == "127.0.0.1"
+    assert reachable_address("localhost:2,127.0.0.1:1", None) == "127.0.0.1"
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# this machine only\nlocalhost slots=2\n\n127.0.0.1 slots=2\n")
-    assert run_func._reachable_address(None, str(hostfile)) == "127.0.0.1"
+    assert reachable_address(None, str(hostfile)) == "127.0.0.1"

@@ -1050,3 +1050,57 @@ def test_hvdlikerun_repeats_the_dead_rank_as_its_last_line_only_when_the_job_fai
             assert lines[-1] == "hvdlikerun: the job failed after " + died[len("hvdlike: "):]
         else:
             assert lines == [died], lines
+
+
+_WATCHED = ("import os, sys, time; from hvdlike.base import death_notice as d; "
+            "d.start(int(sys.argv[1]), 4); print('ready', flush=True); line = sys.stdin.readline(); "
+            "d.quiet(ending=line.startswith('ending')) if line.strip() else None; "
+            "time.sleep(0 if line.strip() else 60)")
+
+
+def test_the_death_watch_names_the_first_rank_to_die_not_those_ended_after_or_told():
+    """Real processes connect to the watch as ranks do at hvd.init(); each is then killed,
+    shuts down or announces the job's end."""
+    from hvdlike.runner.death_watch import DeathWatch
+
+    watch = DeathWatch("127.0.0.1")
+    name, value = watch.variable
+    env = dict(os.environ, **{name: value, "PYTHONPATH": str(REPO)})
+    stranger = socket.create_connection(tuple(value.split(":")[:2]))  # a wrong token
+    stranger.sendall(b"not-the-token rank 9 of 4\n")
+
+    def ranks() -> List[subprocess.Popen]:
+        procs = [subprocess.Popen([sys.executable, "-c", _WATCHED, str(r)], env=env, text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL) for r in range(4)]
+        assert all(p.stdout is not None and p.stdout.readline() == "ready\n" for p in procs)
+        return procs
+
+    def tell(p: subprocess.Popen, line: str) -> None:
+        assert p.stdin is not None
+        p.stdin.write(line)
+        p.stdin.close()
+        p.wait(TIMEOUT)
+
+    try:
+        procs = ranks()
+        tell(procs[0], "shutdown\n")  # told: no death
+        stranger.close()
+        assert watch.first_death() is None
+        for r in (2, 1, 3):  # 2 dies first; Open MPI would end 1 and 3 after it
+            procs[r].kill()
+            procs[r].wait(TIMEOUT)
+        died = watch.first_death()
+        assert died is not None and died.startswith(f"rank 2 of 4 (pid {procs[2].pid} on host ")
+        watch.clear()
+        assert watch.first_death() is None  # a restarted job starts afresh
+        procs = ranks()
+        tell(procs[1], "ending\n")  # a rank that ends the job itself, having said why
+        for p in (procs[0], procs[2], procs[3]):
+            p.kill()
+            p.wait(TIMEOUT)
+        assert watch.first_death() is None  # the ranks ended after it are no news
+    finally:
+        for p in procs:
+            p.kill()
+        watch.close()

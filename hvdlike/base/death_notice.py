@@ -13,15 +13,25 @@ rank dies instead, the pipe closes unwritten and the shell prints, on the rank's
 ``t`` is when the shell saw the death, in seconds since 1970 (with bash 5; ``/bin/sh``
 leaves it out). A rank that Open MPI ends after the death (the survivor it aborts on the
 transport error) may add a line of its own, later in ``t`` but not always later in the
-job's output (another host's lines travel further); ``hvdlikerun`` repeats the line with the
-earliest ``t``. Not guaranteed: when the machine is busy, Open MPI can end the job, and the
+job's output (another host's lines travel further); ``hvdlikerun``, when its watch (below)
+has no record, repeats the line with the earliest ``t``. Not guaranteed: when the machine is busy, Open MPI can end the job, and the
 shell with it, before the shell has run (seen with TCP alone and a busy core: 1 run in 5).
 POSIX systems with ``/bin/bash`` or ``/bin/sh``; elsewhere there is no notice.
+
+Under ``hvdlikerun`` the rank also connects to the launcher's watch (``WATCH_VARIABLE``,
+``hvdlike.runner.death_watch``), which names the first rank whose connection closed without
+``SHUTDOWN`` or ``ENDING``: that record does not depend on the job's output and is not cut
+off.
 """
 import os
 import socket
 import subprocess
 from typing import Optional
+
+WATCH_VARIABLE = "HVDLIKE_DEATH_WATCH"  # address:port:token of hvdlikerun's death watch
+HELLO_BYTES = 512  # the most a rank's first line to the watch may take
+SHUTDOWN = b"shutdown\n"  # what a rank tells the watch before it shuts down
+ENDING = b"ending\n"  # ... before it ends the job itself, having said why
 
 # printf (and bash's EPOCHREALTIME) are built into the shell: the line leaves as the pipe
 # closes, before Open MPI, told of the death by a survivor, can end the job (and this shell)
@@ -29,17 +39,22 @@ _SCRIPT = ('IFS= read -r line || printf "%s%s: killed (kill -9, the OOM killer) 
            'crashed\\n" "$0" "${EPOCHREALTIME:+ (t=$EPOCHREALTIME)}" >&2')
 _SHELLS = ("/bin/bash", "/bin/sh")  # bash adds the time of death
 _watcher: Optional[subprocess.Popen] = None
+_watch: Optional[socket.socket] = None  # the connection to hvdlikerun's watch
 
 
 def start(rank: int, size: int) -> None:
     """Watch this process as ``rank`` of ``size`` (replacing an earlier watch)."""
-    global _watcher
+    global _watcher, _watch
     quiet()
-    shell = next((s for s in _SHELLS if os.path.exists(s)), None)
-    if size < 2 or shell is None:
+    if size < 2:
         return
-    who = (f"hvdlike: rank {rank} of {size} (pid {os.getpid()} on host "
-           f"{socket.gethostname()}) ended without hvdlike's shutdown")
+    rank_is = f"rank {rank} of {size} (pid {os.getpid()} on host {socket.gethostname()})"
+    if os.environ.get(WATCH_VARIABLE):
+        _watch = _connect(os.environ[WATCH_VARIABLE], rank_is)
+    shell = next((s for s in _SHELLS if os.path.exists(s)), None)
+    if shell is None:
+        return
+    who = f"hvdlike: {rank_is} ended without hvdlike's shutdown"
     try:
         # in the rank's process group: when the launcher ends the job, it ends the shells of
         # the ranks it ends with them, most often before they speak
@@ -49,10 +64,17 @@ def start(rank: int, size: int) -> None:
         _watcher = None
 
 
-def quiet() -> None:
-    """This process ends as hvdlike means it to (shutdown, or an end it announces itself):
-    the watch ends without a word."""
-    global _watcher
+def quiet(ending: bool = False) -> None:
+    """This process ends as hvdlike means it to: shutdown, or (``ending``) an end of the job
+    that it announced itself. The watch ends without a word."""
+    global _watcher, _watch
+    watch, _watch = _watch, None
+    if watch is not None:
+        try:
+            watch.sendall(ENDING if ending else SHUTDOWN)
+        except OSError:  # the launcher is gone
+            pass
+        watch.close()
     watcher, _watcher = _watcher, None
     if watcher is None or watcher.stdin is None:
         return
@@ -65,3 +87,21 @@ def quiet() -> None:
         watcher.wait(timeout=5)
     except subprocess.TimeoutExpired:
         watcher.kill()
+
+
+def _connect(value: str, rank_is: str) -> Optional[socket.socket]:
+    """A connection to the watch at ``value`` (``address:port:token``) that has said who this
+    rank is; None when there is none to be had (the job runs on without it)."""
+    address, _, token = value.rpartition(":")
+    host, _, port = address.rpartition(":")
+    try:
+        s = socket.create_connection((host, int(port)), timeout=5)
+    except (OSError, ValueError):
+        return None
+    try:
+        s.sendall(f"{token} {rank_is}\n".encode()[:HELLO_BYTES])
+        s.settimeout(None)
+    except OSError:
+        s.close()
+        return None
+    return s

@@ -158,5 +158,5 @@ def exit_now(rank: int, message: str, barrier: Optional[Callable[[], None]] = No
         tl.close()
     if barrier is not None:
         barrier()
-    death_notice.quiet()  # this rank said why it ends
+    death_notice.quiet(ending=True)  # this rank said why it ends
     os._exit(1)

@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -77,6 +78,28 @@ def parse_hosts(hosts: str) -> List[Tuple[str, Optional[int]]]:
         name, _, slots = item.partition(":")
         parsed.append((name, int(slots) if slots else None))
     return parsed
+
+
+def reachable_address(hosts: Optional[str], hostfile: Optional[str]) -> str:
+    """This machine's address as the job's other hosts reach it: the source address of the
+    route to the first host that is not this machine (no packet is sent); 127.0.0.1 when
+    every host is this machine; its host name when no route is known."""
+    if hosts:
+        names = [name for name, _ in parse_hosts(hosts)]
+    else:
+        with open(str(hostfile)) as f:
+            lines = [line.split("#")[0].strip() for line in f]
+        names = [line.split()[0].split(":")[0] for line in lines if line]
+    for name in names:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((name, 9))
+                address = s.getsockname()[0]
+        except OSError:
+            return socket.getfqdn()
+        if not address.startswith("127."):
+            return address
+    return "127.0.0.1"
 
 
 def _oversubscribed(np: int, hosts: Optional[str]) -> bool:

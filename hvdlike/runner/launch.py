@@ -12,7 +12,7 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 from ..base import bind_shim
-from . import horovod_flags
+from . import death_watch, horovod_flags
 from .command import (
     LAUNCHERS,
     LaunchError,
@@ -117,8 +117,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out.append("--oversubscribe")
         return out
 
+    srun = uses_srun(args.launcher, os.environ, args.hosts, args.hostfile)
+    # srun names a dead task itself; under --elastic the survivors name it
+    deaths = (death_watch.for_job(args.hosts, args.hostfile)
+              if not (args.dry_run or elastic or srun) else None)
+    if deaths is not None:
+        settings.update([deaths.variable])
     try:
-        if elastic and uses_srun(args.launcher, os.environ, args.hosts, args.hostfile):
+        if elastic and srun:
             raise LaunchError("--elastic runs under mpirun (Open MPI with ULFM); srun ends the "
                               "job step when a rank dies. Use --launcher mpirun inside the "
                               "allocation")
@@ -131,6 +137,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             flavor_args=flavor_args if (elastic or horovod_flags.launcher_options_given(args))
             else None)
     except LaunchError as exc:
+        if deaths is not None:
+            deaths.close()
         parser.error(str(exc))
     line = format_command(cmd, env)
     if args.dry_run:
@@ -138,8 +146,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.verbose:
         print(f"hvdlikerun: {line}", file=sys.stderr, flush=True)
-    # under --elastic the survivors go on after a rank's error: a notice does not mean the end
-    return run_with_restarts(cmd, env, args.restarts, 0.0 if elastic else args.abort_timeout)
+    try:
+        # under --elastic the survivors go on after a rank's error: a notice is not the end
+        return run_with_restarts(cmd, env, args.restarts, 0.0 if elastic else args.abort_timeout,
+                                 deaths)
+    finally:
+        if deaths is not None:
+            deaths.close()
 
 
 def _fault_tolerance_env(args: argparse.Namespace) -> Dict[str, str]:

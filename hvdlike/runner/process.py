@@ -1,5 +1,6 @@
 """Running the launcher's command: signals forwarded to it, an MPI abort notice that the job
-outlives ended (``abort_watch``), failed jobs restarted from their committed state."""
+outlives ended (``abort_watch``), the rank that died first named (``death_watch``), failed
+jobs restarted from their committed state."""
 from __future__ import annotations
 
 import signal
@@ -10,10 +11,14 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from ..runtime import session_dirs
 from . import startup_noise
 from .abort_watch import OutputWatch
+from .death_watch import DeathWatch
+
+_DIED = "ended without hvdlike's shutdown: killed (kill -9, the OOM killer) or crashed"
 
 
 def run_command(argv: Sequence[str], env: Mapping[str, str],
-                received: Optional[List[int]] = None, abort_grace: float = 0.0) -> int:
+                received: Optional[List[int]] = None, abort_grace: float = 0.0,
+                deaths: Optional[DeathWatch] = None) -> int:
     """Run argv and return its exit status (128+N if it died of signal N).
 
     The child stays in our process group, so a terminal's Ctrl-C reaches it exactly as it
@@ -22,7 +27,9 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
     The child's output passes through an ``OutputWatch``, which leaves TensorFlow's start-up
     lines out of its stderr (unless ``HVDLIKE_TF_STARTUP_LOGS=1`` in ``env``) and, with
     ``abort_grace`` > 0, ends a job still running that long after the MPI printed an abort
-    notice (status 1).
+    notice (status 1). A job that fails after a rank died ends with a line naming the rank
+    that died first: ``deaths``' record (the job's ranks connect to it), else the earliest
+    death notice in the output.
     """
     proc: Optional[subprocess.Popen] = None
     pending: List[int] = []
@@ -41,6 +48,8 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, forward) for sig in handled}
     session_dirs.remove_stale(env)  # a killed launcher's, which would stop this one's start
+    if deaths is not None:
+        deaths.clear()
     try:
         piped = subprocess.PIPE if watch is not None else None
         proc = subprocess.Popen(list(argv), env=dict(env), stdout=piped, stderr=piped)
@@ -58,10 +67,15 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
         if watch is not None:
             watch.finish()
         session_dirs.remove_stale(env)  # this launcher's, if it was killed
-    if watch is not None and watch.first_death and code != 0:
+    if code != 0:
         # the MPI's own last words may name neither rank nor host (docs/reliability.md)
-        print(f"hvdlikerun: the job failed after {watch.first_death[len('hvdlike: '):]}",
-              file=sys.stderr, flush=True)
+        died = deaths.first_death() if deaths is not None else None
+        if died is not None:
+            print(f"hvdlikerun: the job failed after {died} {_DIED}", file=sys.stderr,
+                  flush=True)
+        elif watch is not None and watch.first_death:
+            print(f"hvdlikerun: the job failed after {watch.first_death[len('hvdlike: '):]}",
+                  file=sys.stderr, flush=True)
     return 128 - code if code < 0 else code
 
 
@@ -91,7 +105,7 @@ def end_process(proc: subprocess.Popen, grace: float) -> None:
 
 
 def run_with_restarts(cmd: Sequence[str], env: Dict[str, str], restarts: int,
-                       abort_grace: float = 0.0) -> int:
+                       abort_grace: float = 0.0, deaths: Optional[DeathWatch] = None) -> int:
     """Run the job; while it fails and restarts are left, run it again (``HVDLIKE_RESTART``
     says which run this is). A job interrupted (Ctrl-C, or a signal to hvdlikerun) is not
     restarted."""
@@ -100,7 +114,7 @@ def run_with_restarts(cmd: Sequence[str], env: Dict[str, str], restarts: int,
         if restarts:
             env = dict(env, HVDLIKE_RESTART=str(attempt))
         try:
-            code = run_command(cmd, env, received, abort_grace)
+            code = run_command(cmd, env, received, abort_grace, deaths)
         except OSError as exc:
             print(f"hvdlikerun: error: cannot start {cmd[0]}: {exc}", file=sys.stderr)
             return 2

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import cloudpickle
 
-from .command import parse_hosts
+from .command import reachable_address
 from .process import end_process
 
 _ADDRESS = "HVDLIKE_RUN_ADDRESS"  # host:port the ranks connect back to
@@ -90,7 +90,7 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     elif chosen:  # listen on the job's network only
         address = listen = chosen
     else:
-        address, listen = _reachable_address(hosts, hostfile), "0.0.0.0"
+        address, listen = reachable_address(hosts, hostfile), "0.0.0.0"
     with Listener((listen, 0), authkey=key) as listener:
         port = listener.address[1]
         env = dict(os.environ, **{_ADDRESS: f"{address}:{port}", _KEY: key.hex()})
@@ -197,28 +197,6 @@ def _interface_address(interfaces: str) -> Optional[str]:
             if ipaddress.ip_address(address) in subnet:
                 return address
     return None
-
-
-def _reachable_address(hosts: Optional[str], hostfile: Optional[str]) -> str:
-    """This machine's address as the job's other hosts reach it: the source address of the
-    route to the first host that is not this machine (no packet is sent); 127.0.0.1 when
-    every host is this machine; its host name when no route is known."""
-    if hosts:
-        names = [name for name, _ in parse_hosts(hosts)]
-    else:
-        with open(str(hostfile)) as f:
-            lines = [line.split("#")[0].strip() for line in f]
-        names = [line.split()[0].split(":")[0] for line in lines if line]
-    for name in names:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((name, 9))
-                address = s.getsockname()[0]
-        except OSError:
-            return socket.getfqdn()
-        if not address.startswith("127."):
-            return address
-    return "127.0.0.1"
 
 
 def _serve(listener: Listener, job: bytes, outcomes: Dict[int, Tuple[str, Any]]) -> None:

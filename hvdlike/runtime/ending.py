@@ -45,7 +45,7 @@ def install_abort_hook(st: "State") -> None:
             # that one that could is heard first.
             if not st.engine.failure.failed:
                 time.sleep(1.0)
-            death_notice.quiet()
+            death_notice.quiet(ending=True)
             os._exit(1)
         end_job(world)
 
@@ -60,7 +60,7 @@ def end_job(world: Any) -> None:
     called MPI_Abort at about the same time (every rank raising the same error), with every
     rank gone and SIGTERM ignored (``scripts/repro_ulfm_abort.py``: 6 jobs in 15 hung; with exits
     instead, none)."""
-    death_notice.quiet()  # this rank says why it ends
+    death_notice.quiet(ending=True)  # this rank says why it ends
     if ulfm():
         sys.stdout.flush()
         sys.stderr.flush()

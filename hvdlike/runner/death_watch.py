@@ -1,0 +1,141 @@
+"""hvdlikerun's own record of the rank that died first (``kill -9``, the OOM killer, a crash).
+
+Open MPI names a dead rank only when its launcher notices the death first, and ranks'
+printed notices (``hvdlike.base.death_notice``) can be cut off when Open MPI ends the job
+at once. So ``hvdlikerun`` also listens on a TCP port of its own, on the address the job's
+hosts reach it at (``HVDLIKE_DEATH_WATCH``: ``address:port:token``, forwarded to every
+host). Each rank connects at ``hvd.init()`` and says who it is; before it ends as hvdlike
+means it to it says so: ``shutdown``, or ``ending`` when it ends the job itself (an uncaught
+exception, the stall inspector), having printed why. A connection that closes without either
+is a rank that died. The kernel closes a process's sockets as it dies, before its parent
+(Open MPI's daemon) is told, so the dead rank's connection closes before that of any rank
+that Open MPI ends because of the death. ``first_death`` names the rank whose connection
+closed first, unless a rank had announced the job's end before (then that rank's output
+says why the job ended, and the ranks Open MPI ended after it are no news).
+"""
+from __future__ import annotations
+
+import secrets
+import selectors
+import socket
+import threading
+from typing import Dict, List, Optional, Tuple
+
+from ..base.death_notice import ENDING, HELLO_BYTES, SHUTDOWN, WATCH_VARIABLE
+from .command import LaunchError, reachable_address
+
+_MOST = HELLO_BYTES + max(len(ENDING), len(SHUTDOWN))  # what a rank may send in all
+
+
+class DeathWatch:
+    """Listens on ``address`` (an ephemeral port) until ``close()``."""
+
+    def __init__(self, address: str) -> None:
+        self._token = secrets.token_hex(16)
+        self._listener = socket.create_server((address, 0))
+        self._listener.setblocking(False)
+        self._events: List[Tuple[str, str]] = []  # ("died" or "ending", who), in order
+        self._lock = threading.Lock()
+        self._caught_up = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._serve, daemon=True,
+                                        name="hvdlikerun-death-watch")
+        self._thread.start()
+
+    @property
+    def variable(self) -> Tuple[str, str]:
+        """The variable (name, value) that tells the ranks where to connect."""
+        host, port = self._listener.getsockname()[:2]
+        return WATCH_VARIABLE, f"{host}:{port}:{self._token}"
+
+    def first_death(self, timeout: float = 2.0) -> Optional[str]:
+        """Who died first, as the rank said it (``rank 3 of 4 (pid 42 on host b)``), or None
+        (no death, or a rank announced the job's end before). Takes in first what happened
+        before the call (waiting up to ``timeout`` s for this thread)."""
+        self._caught_up.clear()
+        self._wake_w.send(b"c")
+        self._caught_up.wait(timeout)
+        with self._lock:
+            kind, who = self._events[0] if self._events else ("", "")
+        return who if kind == "died" else None
+
+    def clear(self) -> None:
+        """Forget what was seen so far (a restarted job starts afresh)."""
+        with self._lock:
+            self._events.clear()
+
+    def close(self) -> None:
+        self._wake_w.send(b"q")
+        self._thread.join(5)
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+
+    def _serve(self) -> None:
+        # one selector for all: it reports the connections that closed in the order the
+        # kernel saw them close, whatever this thread was doing meanwhile
+        sel = selectors.DefaultSelector()
+        sel.register(self._listener, selectors.EVENT_READ)
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        said: Dict[socket.socket, bytes] = {}  # what each connection has sent so far
+        while True:
+            caught_up = False
+            for key, _ in sel.select():
+                s = key.fileobj
+                assert isinstance(s, socket.socket)
+                if s is self._wake_r:
+                    if b"q" in s.recv(64):
+                        for conn in said:
+                            conn.close()
+                        sel.close()
+                        return
+                    caught_up = True  # set once this round's events are in
+                elif s is self._listener:
+                    try:
+                        conn, _ = s.accept()
+                    except OSError:
+                        continue
+                    conn.setblocking(False)
+                    said[conn] = b""
+                    sel.register(conn, selectors.EVENT_READ)
+                else:
+                    self._read(sel, s, said)
+            if caught_up:
+                self._caught_up.set()
+
+    def _read(self, sel: selectors.BaseSelector, s: socket.socket,
+              said: Dict[socket.socket, bytes]) -> None:
+        try:
+            data = s.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:  # reset: a close
+            data = b""
+        before = said[s]
+        said[s] = before + data
+        hello, newline, rest = said[s].partition(b"\n")
+        if data and not newline and len(hello) < HELLO_BYTES:
+            return  # the rest of the hello is on its way
+        token, _, who = hello.decode(errors="replace").partition(" ")
+        ours = secrets.compare_digest(token, self._token) and bool(who) and len(said[s]) <= _MOST
+        if ours and rest == ENDING and not before.endswith(ENDING):
+            with self._lock:
+                self._events.append(("ending", who))
+        if data and ours:
+            return
+        sel.unregister(s)  # closed, or a stranger
+        del said[s]
+        s.close()
+        if ours and rest not in (ENDING, SHUTDOWN):
+            with self._lock:
+                self._events.append(("died", who))
+
+
+def for_job(hosts: Optional[str], hostfile: Optional[str]) -> Optional[DeathWatch]:
+    """A watch on the address the job's hosts reach this machine at (127.0.0.1 for a job on
+    this machine alone), or None when there is none to listen on (the job runs without it:
+    the ranks' own notices remain)."""
+    try:
+        address = reachable_address(hosts, hostfile) if hosts or hostfile else "127.0.0.1"
+        return DeathWatch(address)
+    except (OSError, LaunchError):  # a bad host list or hostfile: the launch says what is wrong
+        return None
