@@ -1104,3 +1104,24 @@ def test_the_death_watch_names_the_first_rank_to_die_not_those_ended_after_or_to
         for p in procs:
             p.kill()
         watch.close()
+
+
+def test_the_death_watch_listens_where_the_jobs_hosts_reach_it_or_not_at_all(tmp_path):
+    from hvdlike.runner import death_watch
+
+    def address(*args):
+        watch = death_watch.for_job(*args)
+        if watch is None:
+            return None
+        try:
+            return watch.variable[1].split(":")[0]
+        finally:
+            watch.close()
+
+    assert address(None, None, {}) == "127.0.0.1"  # a job on this machine alone
+    assert address("localhost:2", None, {}) == "127.0.0.1"
+    assert address(None, str(tmp_path / "missing"), {}) is None  # the launch says what is wrong
+    assert address("a:two", None, {}) is None
+    in_allocation = address(None, None, {"SLURM_JOB_ID": "7"})  # mpirun finds the hosts
+    named = socket.gethostbyname(socket.gethostname())
+    assert in_allocation == (None if named.startswith("127.") else named)

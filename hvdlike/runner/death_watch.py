@@ -19,7 +19,7 @@ import secrets
 import selectors
 import socket
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..base.death_notice import ENDING, HELLO_BYTES, SHUTDOWN, WATCH_VARIABLE
 from .command import LaunchError, reachable_address
@@ -130,12 +130,25 @@ class DeathWatch:
                 self._events.append(("died", who))
 
 
-def for_job(hosts: Optional[str], hostfile: Optional[str]) -> Optional[DeathWatch]:
-    """A watch on the address the job's hosts reach this machine at (127.0.0.1 for a job on
-    this machine alone), or None when there is none to listen on (the job runs without it:
-    the ranks' own notices remain)."""
+# a batch system's allocation, whose hosts Open MPI's mpirun finds itself
+_ALLOCATIONS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "PE_HOSTFILE")
+
+
+def for_job(hosts: Optional[str], hostfile: Optional[str],
+            env: Mapping[str, str]) -> Optional[DeathWatch]:
+    """A watch on the address the job's hosts reach this machine at: 127.0.0.1 for a job on
+    this machine alone; in a batch allocation without ``-H``/``--hostfile`` (the hosts are the
+    allocation's), the address of this host's name. None when there is none to listen on
+    (the job runs without it: the ranks' own notices remain)."""
     try:
-        address = reachable_address(hosts, hostfile) if hosts or hostfile else "127.0.0.1"
+        if hosts or hostfile:
+            address = reachable_address(hosts, hostfile)
+        elif any(env.get(name) for name in _ALLOCATIONS):
+            address = socket.gethostbyname(socket.gethostname())
+            if address.startswith("127."):  # other hosts could not reach it
+                return None
+        else:
+            address = "127.0.0.1"
         return DeathWatch(address)
     except (OSError, LaunchError):  # a bad host list or hostfile: the launch says what is wrong
         return None
