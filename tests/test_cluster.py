@@ -363,8 +363,9 @@ def _launch_2x2(cluster, program, env=None, timeout=60, ulfm=False, runner=False
 
 
 # What Open MPI 5.0.11's launcher (PRRTE) prints when it fails while survivors on two hosts
-# spawn a replacement, or at the end of such a job: about 4% of runs here, none on one host
-# (docs/reliability.md). A negative status is the launcher itself killed by a signal.
+# spawn a replacement, or at the end of such a job: 1 run in 30 here, 17 in 100 of
+# scripts/repro_prrte_spawn.py (mpi4py alone), none on one host (docs/reliability.md). A
+# negative status is the launcher itself killed by a signal.
 PRRTE_CRASHED = ("pmix_server_dyn.c", "A daemon failed to report back",
                  "PRTE has lost communication with a remote daemon")
 
