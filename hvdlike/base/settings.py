@@ -192,7 +192,7 @@ _HOROVOD_BUILD = ("HOROVOD_WITH_", "HOROVOD_WITHOUT_", "HOROVOD_BUILD_", "HOROVO
 KNOWN_NAMES = frozenset({v.name for v in VARIABLES} | {
     # set by hvdlikerun, hvdlike.run and TF_CONFIG emulation for the ranks
     "HVDLIKE_RESTART", "HVDLIKE_RUN_ADDRESS", "HVDLIKE_RUN_AUTHKEY", "HVDLIKE_TF_BIND",
-    "HVDLIKE_TF_CONFIG_HOST",
+    "HVDLIKE_TF_CONFIG_HOST", "HVDLIKE_DEATH_WATCH",
     # read by hvdlikerun
     "HVDLIKE_TF_STARTUP_LOGS",
     # read by scripts/ (set-up, the test Slurm cluster, the GPU check)
