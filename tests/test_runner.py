@@ -1058,9 +1058,15 @@ _WATCHED = ("import os, sys, time; from hvdlike.base import death_notice as d; "
             "time.sleep(0 if line.strip() else 60)")
 
 
+# a rank that forks a child (as multiprocessing's fork does) and waits to be killed
+_FORKS = ("import os, time; from hvdlike.base import death_notice as d; d.start(0, 4); "
+          "pid = os.fork(); time.sleep(60) if pid == 0 else None; os._exit(0) if pid == 0 "
+          "else print(pid, flush=True); time.sleep(60)")
+
+
 def test_the_death_watch_names_the_first_rank_to_die_not_those_ended_after_or_told():
     """Real processes connect to the watch as ranks do at hvd.init(); each is then killed,
-    shuts down or announces the job's end."""
+    shuts down or announces the job's end. One forks a child that outlives it."""
     from hvdlike.runner.death_watch import DeathWatch
 
     watch = DeathWatch("127.0.0.1")
@@ -1100,6 +1106,19 @@ def test_the_death_watch_names_the_first_rank_to_die_not_those_ended_after_or_to
             p.kill()
             p.wait(TIMEOUT)
         assert watch.first_death() is None  # the ranks ended after it are no news
+        watch.clear()
+        forks = subprocess.Popen([sys.executable, "-c", _FORKS], env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        procs = [forks]
+        assert forks.stdout is not None
+        child = int(forks.stdout.readline())  # it lives on after its parent
+        try:
+            forks.kill()
+            forks.wait(TIMEOUT)
+            died = watch.first_death()
+            assert died is not None and died.startswith(f"rank 0 of 4 (pid {forks.pid} "), died
+        finally:
+            os.kill(child, signal.SIGKILL)
     finally:
         for p in procs:
             p.kill()

@@ -89,6 +89,25 @@ def quiet(ending: bool = False) -> None:
         watcher.kill()
 
 
+def _forget_in_child() -> None:
+    """In a child forked from a rank: close its copies of the watch's pipe and connection
+    (unsaid), so that the rank's death is seen even while the child lives, and the child's
+    own end says nothing for the rank."""
+    global _watcher, _watch
+    watch, _watch = _watch, None
+    watcher, _watcher = _watcher, None
+    for f in (watch, watcher.stdin if watcher is not None else None):
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _connect(value: str, rank_is: str) -> Optional[socket.socket]:
     """A connection to the watch at ``value`` (``address:port:token``) that has said who this
     rank is; None when there is none to be had (the job runs on without it)."""
