@@ -1058,10 +1058,22 @@ _WATCHED = ("import os, sys, time; from hvdlike.base import death_notice as d; "
             "time.sleep(0 if line.strip() else 60)")
 
 
-# a rank that forks a child (as multiprocessing's fork does) and waits to be killed
-_FORKS = ("import os, time; from hvdlike.base import death_notice as d; d.start(0, 4); "
-          "pid = os.fork(); time.sleep(60) if pid == 0 else None; os._exit(0) if pid == 0 "
-          "else print(pid, flush=True); time.sleep(60)")
+# a rank that forks a child (as multiprocessing's fork does) and waits to be killed; it
+# prints the child's pid once the child is past fork() (its at-fork handlers have run)
+_FORKS = """
+import os, time
+from hvdlike.base import death_notice as d
+d.start(0, 4)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, b"x")
+    time.sleep(60)
+    os._exit(0)
+os.read(r, 1)
+print(pid, flush=True)
+time.sleep(60)
+"""
 
 
 def test_the_death_watch_names_the_first_rank_to_die_not_those_ended_after_or_told():
