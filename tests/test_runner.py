@@ -1081,16 +1081,16 @@ def test_the_death_watch_names_the_first_rank_to_die_not_those_ended_after_or_to
     shuts down or announces the job's end. One forks a child that outlives it."""
     from hvdlike.runner.death_watch import DeathWatch
 
-    watch = DeathWatch("127.0.0.1")
+    watch = DeathWatch("127.0.0.1", ranks=4)
     name, value = watch.variable
     env = dict(os.environ, **{name: value, "PYTHONPATH": str(REPO)})
     stranger = socket.create_connection(tuple(value.split(":")[:2]))  # a wrong token
     stranger.sendall(b"not-the-token rank 9 of 4\n")
 
-    def ranks() -> List[subprocess.Popen]:
+    def ranks(which: range = range(4)) -> List[subprocess.Popen]:
         procs = [subprocess.Popen([sys.executable, "-c", _WATCHED, str(r)], env=env, text=True,
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL) for r in range(4)]
+                                  stderr=subprocess.DEVNULL) for r in which]
         assert all(p.stdout is not None and p.stdout.readline() == "ready\n" for p in procs)
         return procs
 
@@ -1119,9 +1119,17 @@ def test_the_death_watch_names_the_first_rank_to_die_not_those_ended_after_or_to
             p.wait(TIMEOUT)
         assert watch.first_death() is None  # the ranks ended after it are no news
         watch.clear()
+        procs = ranks(range(3))  # rank 3 never connects: it could have died first, unseen
+        procs[1].kill()
+        procs[1].wait(TIMEOUT)
+        assert watch.first_death() is None
+        for p in procs:
+            p.kill()
+            p.wait(TIMEOUT)
+        watch.clear()
         forks = subprocess.Popen([sys.executable, "-c", _FORKS], env=env, text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        procs = [forks]
+        procs = [forks] + ranks(range(1, 4))
         assert forks.stdout is not None
         child = int(forks.stdout.readline())  # it lives on after its parent
         try:
@@ -1135,6 +1143,38 @@ def test_the_death_watch_names_the_first_rank_to_die_not_those_ended_after_or_to
         for p in procs:
             p.kill()
         watch.close()
+
+
+_OUT_OF_FILES = """
+import os, resource, socket, time
+from hvdlike.runner.death_watch import DeathWatch
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+watch = DeathWatch("127.0.0.1", ranks=500)  # room for its ranks' connections, if allowed
+print("raised", resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= min(500, hard))
+host, port = watch.variable[1].split(":")[:2]
+ranks = [socket.socket() for _ in range(4)]  # made now: connecting takes no new descriptor
+held = [os.open(os.devnull, os.O_RDONLY)]
+while held[-1] < max(int(fd) for fd in os.listdir("/proc/self/fd")) - 1:
+    held.append(os.open(os.devnull, os.O_RDONLY))  # every lower number taken ...
+resource.setrlimit(resource.RLIMIT_NOFILE, (held[-1] + 1, hard))  # ... and no higher allowed
+for r in ranks:
+    r.connect((host, int(port)))  # queued: the watch cannot accept it
+time.sleep(0.5)
+start = time.process_time()
+time.sleep(1)
+print("busy", time.process_time() - start > 0.5)  # a watch that spins on accept() is
+print("record", watch.first_death())
+"""
+
+
+def test_the_death_watch_raises_its_file_limit_and_stops_listening_when_out_of_files():
+    """A job of many ranks needs a descriptor per rank: the watch raises its soft limit; when
+    it still runs out, it stops listening (no record, no thread spinning on accept)."""
+    p = subprocess.run([sys.executable, "-c", _OUT_OF_FILES], capture_output=True, text=True,
+                       timeout=60, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:3] == ["raised True", "busy False", "record None"], p.stdout
 
 
 def test_the_death_watch_listens_where_the_jobs_hosts_reach_it_or_not_at_all(tmp_path):

@@ -14,9 +14,10 @@ rank dies instead, the pipe closes unwritten and the shell prints, on the rank's
 leaves it out). A rank that Open MPI ends after the death (the survivor it aborts on the
 transport error) may add a line of its own, later in ``t`` but not always later in the
 job's output (another host's lines travel further); ``hvdlikerun``, when its watch (below)
-has no record, repeats the line with the earliest ``t``. Not guaranteed: when the machine is busy, Open MPI can end the job, and the
-shell with it, before the shell has run (seen with TCP alone and a busy core: 1 run in 5).
-POSIX systems with ``/bin/bash`` or ``/bin/sh``; elsewhere there is no notice.
+has no record, repeats the line with the earliest ``t``. Not guaranteed: when the machine
+is busy, Open MPI can end the job, and the shell with it, before the shell has run (seen
+with TCP alone and a busy core: 1 run in 5). POSIX systems with ``/bin/bash`` or
+``/bin/sh``; elsewhere there is no notice.
 
 Under ``hvdlikerun`` the rank also connects to the launcher's watch (``WATCH_VARIABLE``,
 ``hvdlike.runner.death_watch``), which names the first rank whose connection closed without
@@ -32,11 +33,13 @@ WATCH_VARIABLE = "HVDLIKE_DEATH_WATCH"  # address:port:token of hvdlikerun's dea
 HELLO_BYTES = 512  # the most a rank's first line to the watch may take
 SHUTDOWN = b"shutdown\n"  # what a rank tells the watch before it shuts down
 ENDING = b"ending\n"  # ... before it ends the job itself, having said why
+ENDED = "ended without hvdlike's shutdown"  # said of a rank that died ...
+CAUSE = "killed (kill -9, the OOM killer) or crashed"  # ... and how it can have
 
 # printf (and bash's EPOCHREALTIME) are built into the shell: the line leaves as the pipe
 # closes, before Open MPI, told of the death by a survivor, can end the job (and this shell)
-_SCRIPT = ('IFS= read -r line || printf "%s%s: killed (kill -9, the OOM killer) or '
-           'crashed\\n" "$0" "${EPOCHREALTIME:+ (t=$EPOCHREALTIME)}" >&2')
+_SCRIPT = ('IFS= read -r line || printf "%s%s: %s\\n" "$0" '
+           '"${EPOCHREALTIME:+ (t=$EPOCHREALTIME)}" "$1" >&2')
 _SHELLS = ("/bin/bash", "/bin/sh")  # bash adds the time of death
 _watcher: Optional[subprocess.Popen] = None
 _watch: Optional[socket.socket] = None  # the connection to hvdlikerun's watch
@@ -54,11 +57,11 @@ def start(rank: int, size: int) -> None:
     shell = next((s for s in _SHELLS if os.path.exists(s)), None)
     if shell is None:
         return
-    who = f"hvdlike: {rank_is} ended without hvdlike's shutdown"
+    who = f"hvdlike: {rank_is} {ENDED}"
     try:
         # in the rank's process group: when the launcher ends the job, it ends the shells of
         # the ranks it ends with them, most often before they speak
-        _watcher = subprocess.Popen([shell, "-c", _SCRIPT, who], stdin=subprocess.PIPE,
+        _watcher = subprocess.Popen([shell, "-c", _SCRIPT, who, CAUSE], stdin=subprocess.PIPE,
                                     stdout=subprocess.DEVNULL, close_fds=True)
     except OSError:  # no notice, but the job runs as before
         _watcher = None

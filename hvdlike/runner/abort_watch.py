@@ -7,8 +7,8 @@ that notice as its last output (docs/reliability.md). ``hvdlikerun`` passes the 
 through an ``OutputWatch``; when a notice has appeared and the job is still running after the
 grace period, it ends the job. It also keeps the lines in which hvdlike names a rank that
 died without its shutdown (``hvdlike.base.death_notice``); hvdlikerun repeats the one with
-the earliest time of death as the job's last line. The same watch can leave some lines out of a stream (``drop``: TensorFlow's
-start-up lines, ``startup_noise``).
+the earliest time of death as the job's last line. The same watch can leave some lines out
+of a stream (``drop``: TensorFlow's start-up lines, ``startup_noise``).
 """
 import os
 import re
@@ -16,10 +16,13 @@ import threading
 import time
 from typing import BinaryIO, Callable, List, Optional, Tuple
 
+from ..base.death_notice import ENDED
+
 NOTICES = (b"MPI_ERRORS_ARE_FATAL", b"MPI_ABORT was invoked")
 _TAIL = max(len(n) for n in NOTICES) - 1  # bytes kept so that a notice split in two is seen
-_DEATH = re.compile(rb"^hvdlike: rank \d+ of \d+ \(pid \d+ on host .*\) ended without "
-                    rb"hvdlike's shutdown(?: \(t=([\d.]+)\))?.*$", re.M)
+_ENDED = ENDED.encode()
+_DEATH = re.compile(rb"^hvdlike: rank \d+ of \d+ \(pid \d+ on host .*\) " + re.escape(_ENDED)
+                    + rb"(?: \(t=([\d.]+)\))?.*$", re.M)
 _LINE = 4096  # bytes of an unfinished line kept to look for the death notice in
 
 
@@ -64,7 +67,7 @@ class OutputWatch:
                 self.seen_at = time.monotonic()
             tail = seen[-_TAIL:]
             lines = line + chunk
-            if b"ended without" in lines:
+            if _ENDED in lines:
                 for found in _DEATH.finditer(lines, 0, lines.rfind(b"\n") + 1):
                     when = float(found.group(1)) if found.group(1) else float("inf")
                     self._deaths.append((when, len(self._deaths),

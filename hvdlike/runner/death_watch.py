@@ -11,10 +11,17 @@ is a rank that died. The kernel closes a process's sockets as it dies, before it
 (Open MPI's daemon) is told, so the dead rank's connection closes before that of any rank
 that Open MPI ends because of the death. ``first_death`` names the rank whose connection
 closed first, unless a rank had announced the job's end before (then that rank's output
-says why the job ended, and the ranks Open MPI ended after it are no news).
+says why the job ended, and the ranks Open MPI ended after it are no news), and only when
+every rank of the job has connected (a rank the watch does not see could have died first).
+
+Its cost: one connection per rank, and one line of at most ``HELLO_BYTES`` at
+``hvd.init()``; nothing per step. ``hvdlikerun`` raises its soft limit of open files to
+hold a connection per rank (up to the hard limit); when it cannot accept more, the watch
+stops listening and has no record for that job.
 """
 from __future__ import annotations
 
+import errno
 import secrets
 import selectors
 import socket
@@ -28,13 +35,19 @@ _MOST = HELLO_BYTES + max(len(ENDING), len(SHUTDOWN))  # what a rank may send in
 
 
 class DeathWatch:
-    """Listens on ``address`` (an ephemeral port) until ``close()``."""
+    """Listens on ``address`` (an ephemeral port) until ``close()``, for a job of ``ranks``
+    ranks (0: of any number)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, ranks: int = 0) -> None:
         self._token = secrets.token_hex(16)
-        self._listener = socket.create_server((address, 0))
+        self._ranks = ranks
+        _allow_open_files(ranks + _OWN_FILES)
+        # the kernel caps the backlog (net.core.somaxconn); ranks that find it full retry
+        self._listener = socket.create_server((address, 0), backlog=max(128, ranks))
         self._listener.setblocking(False)
         self._events: List[Tuple[str, str]] = []  # ("died" or "ending", who), in order
+        self._hellos = 0  # ranks that have said who they are (since ``clear()``)
+        self._deaf = False  # the watch stopped accepting (out of file descriptors)
         self._lock = threading.Lock()
         self._caught_up = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -50,19 +63,22 @@ class DeathWatch:
 
     def first_death(self, timeout: float = 2.0) -> Optional[str]:
         """Who died first, as the rank said it (``rank 3 of 4 (pid 42 on host b)``), or None
-        (no death, or a rank announced the job's end before). Takes in first what happened
-        before the call (waiting up to ``timeout`` s for this thread)."""
+        (no death, a rank announced the job's end before, or the watch did not see every
+        rank). Takes in first what happened before the call (waiting up to ``timeout`` s for
+        this thread)."""
         self._caught_up.clear()
         self._wake_w.send(b"c")
         self._caught_up.wait(timeout)
         with self._lock:
             kind, who = self._events[0] if self._events else ("", "")
-        return who if kind == "died" else None
+            seen_all = not self._deaf and self._hellos >= self._ranks
+        return who if kind == "died" and seen_all else None
 
     def clear(self) -> None:
         """Forget what was seen so far (a restarted job starts afresh)."""
         with self._lock:
             self._events.clear()
+            self._hellos = 0
 
     def close(self) -> None:
         self._wake_w.send(b"q")
@@ -92,7 +108,13 @@ class DeathWatch:
                 elif s is self._listener:
                     try:
                         conn, _ = s.accept()
-                    except OSError:
+                    except OSError as exc:
+                        if exc.errno in (errno.EMFILE, errno.ENFILE):
+                            # the connection stays queued and the listener readable: stop
+                            # listening rather than spin (the record would be incomplete)
+                            sel.unregister(s)
+                            with self._lock:
+                                self._deaf = True
                         continue
                     conn.setblocking(False)
                     said[conn] = b""
@@ -117,6 +139,9 @@ class DeathWatch:
             return  # the rest of the hello is on its way
         token, _, who = hello.decode(errors="replace").partition(" ")
         ours = secrets.compare_digest(token, self._token) and bool(who) and len(said[s]) <= _MOST
+        if ours and newline and b"\n" not in before:
+            with self._lock:
+                self._hellos += 1
         if ours and rest == ENDING and not before.endswith(ENDING):
             with self._lock:
                 self._events.append(("ending", who))
@@ -130,16 +155,35 @@ class DeathWatch:
                 self._events.append(("died", who))
 
 
+_OWN_FILES = 256  # what hvdlikerun needs open besides the ranks' connections
+
+
+def _allow_open_files(count: int) -> None:
+    """Raise this process's soft limit of open files to ``count`` (at most the hard limit)."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= count:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (count if hard == resource.RLIM_INFINITY else min(count, hard), hard))
+    except (ValueError, OSError):  # as it was: the watch may stop listening (no record)
+        pass
+
+
 # a batch system's allocation, whose hosts Open MPI's mpirun finds itself
 _ALLOCATIONS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "PE_HOSTFILE")
 
 
-def for_job(hosts: Optional[str], hostfile: Optional[str],
-            env: Mapping[str, str]) -> Optional[DeathWatch]:
+def for_job(hosts: Optional[str], hostfile: Optional[str], env: Mapping[str, str],
+            ranks: int = 0) -> Optional[DeathWatch]:
     """A watch on the address the job's hosts reach this machine at: 127.0.0.1 for a job on
     this machine alone; in a batch allocation without ``-H``/``--hostfile`` (the hosts are the
     allocation's), the address of this host's name. None when there is none to listen on
-    (the job runs without it: the ranks' own notices remain)."""
+    (the job runs without it: the ranks' own notices remain). ``ranks``: the job's size."""
     try:
         if hosts or hostfile:
             address = reachable_address(hosts, hostfile)
@@ -149,6 +193,6 @@ def for_job(hosts: Optional[str], hostfile: Optional[str],
                 return None
         else:
             address = "127.0.0.1"
-        return DeathWatch(address)
+        return DeathWatch(address, ranks)
     except (OSError, LaunchError):  # a bad host list or hostfile: the launch says what is wrong
         return None

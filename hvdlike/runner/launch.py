@@ -119,7 +119,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     srun = uses_srun(args.launcher, os.environ, args.hosts, args.hostfile)
     # srun names a dead task itself; under --elastic the survivors name it
-    deaths = (death_watch.for_job(args.hosts, args.hostfile, os.environ)
+    deaths = (death_watch.for_job(args.hosts, args.hostfile, os.environ, args.np)
               if not (args.dry_run or elastic or srun) else None)
     if deaths is not None:
         settings.update([deaths.variable])

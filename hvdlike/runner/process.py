@@ -8,12 +8,11 @@ import subprocess
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from ..base.death_notice import CAUSE, ENDED
 from ..runtime import session_dirs
 from . import startup_noise
 from .abort_watch import OutputWatch
 from .death_watch import DeathWatch
-
-_DIED = "ended without hvdlike's shutdown: killed (kill -9, the OOM killer) or crashed"
 
 
 def run_command(argv: Sequence[str], env: Mapping[str, str],
@@ -71,7 +70,7 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
         # the MPI's own last words may name neither rank nor host (docs/reliability.md)
         died = deaths.first_death() if deaths is not None else None
         if died is not None:
-            print(f"hvdlikerun: the job failed after {died} {_DIED}", file=sys.stderr,
+            print(f"hvdlikerun: the job failed after {died} {ENDED}: {CAUSE}", file=sys.stderr,
                   flush=True)
         elif watch is not None and watch.first_death:
             print(f"hvdlikerun: the job failed after {watch.first_death[len('hvdlike: '):]}",
