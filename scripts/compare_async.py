@@ -240,7 +240,10 @@ def role(args):
             "examples_per_s": applied / seconds, "examples": applied,
             "train_seconds": seconds, "final_loss": float(loss), "final_accuracy": float(acc),
             "drift": drift, "mean_staleness": stats.get("mean_staleness", 0.0),
-            "pushes": {str(k): v for k, v in stats.get("pushes", {}).items()}}), flush=True)
+            "pushes": {str(k): v for k, v in stats.get("pushes", {}).items()},
+            "staleness_by_worker": {str(k): v for k, v in
+                                    stats.get("mean_staleness_by_worker", {}).items()}}),
+              flush=True)
 
 
 def slow_down(seconds):

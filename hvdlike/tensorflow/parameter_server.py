@@ -10,49 +10,23 @@ loops (Keras 3 has no parameter-server training of its own)::
                              steps_per_epoch=100, epochs=5, callbacks=[ps.callback()]))
     # here every rank holds the final weights
 
-Roles: the last ``num_servers`` ranks are servers, the others workers (worker i is rank i, so
-rank 0 trains and logs as usual). The trainable variables are sharded over the servers by
-bytes (largest first, each to the least loaded server). Each worker step computes gradients
-on the worker's own batch, pushes each server its shard's gradients and receives that
-shard's current weights back; a server applies each push with the user's optimizer as it
-arrives, with no barrier between workers, so a slow worker holds nobody back.
+The last ``num_servers`` ranks are servers, the others workers (worker i is rank i). The
+trainable variables are sharded over the servers by bytes. A worker step, once its batch is
+there, pulls each server's shard of the weights, computes its gradients on them and pushes
+each server its shard of them (in a custom loop, ``apply_gradients`` pushes and then pulls
+for the next step); a server applies each push with the user's optimizer as it arrives, so a
+slow worker holds nobody back. ``max_staleness`` bounds how far workers drift apart (``0``:
+synchronous, equal to ``DistributedOptimizer``); ``lookahead`` sends each pull the weights
+moved on along the last update by the worker's mean staleness, about where they will be when
+its push is applied; ``total_steps`` ends training after that many applied pushes;
+``compression`` narrows the pushes; ``checkpoint_dir`` keeps the servers' shards and
+optimizer state. docs/parameter_server.md says how each behaves, with the figures.
 
-``max_staleness`` s bounds how far workers drift apart (stale synchronous parallel): a
-worker that has pushed k steps gets the weights for its next step only once every worker
-still training has pushed at least k - s steps. ``None``: no bound. ``0``: synchronous:
-each server waits for one push from every worker, averages them and applies them once,
-which is exactly ``DistributedOptimizer`` over the workers. Otherwise each push is one
-step of the user's optimizer, applied on its own, as TensorFlow's ParameterServerStrategy
-applies a worker's step: W workers take W steps in the time a synchronous job takes one
-step of the global batch (for the synchronous job's distance per example, divide the
-learning rate by W).
-
-``lookahead`` (on by default; off with ``max_staleness=0``): a push is computed on weights
-that the other workers' pushes have moved on by the time it arrives (its staleness: one
-update per other worker when all run at one pace). So each reply sends a worker the
-weights moved further along the last update, once per update its previous push was stale
-by: about where the weights will be when its next push is applied. Its gradients are then
-computed close to the weights they update, as those of one process are, which is what
-keeps asynchronous training learning as fast per example as one process taking the same
-steps (the figures: docs/parameter_server.md). The servers hold the true weights; a worker
-evaluating its model during ``train`` sees the moved ones.
-
-``total_steps``: the servers apply this many pushes, counted over all workers, then answer
-every further push with "stop" (``ps.callback()`` ends ``fit``; custom loops read
-``ps.should_stop``); fast workers simply do more of them. ``compression``: pushed gradients
-travel as float16 or bfloat16 (``hvd.Compression``); weights come back in float32.
-``checkpoint_dir``: each server writes its shard and its optimizer's state there every
-``checkpoint_every`` applied updates and at the end (atomically, under a temporary name), and
-a new job with the same directory starts from them (e.g. under ``hvdlikerun --restarts``).
-
-Transport: MPI point-to-point (``Isend``/``Recv``) on host buffers, on a communicator of its
-own, inside ``hvdlike.exclusive_mpi()``: hvdlike's engine makes no MPI call while training
-runs, so the training thread is the only one in MPI (Open MPI 5 over TCP can hang when two
-threads of a process are; hvdlike's collectives cannot be used inside ``train``). Two-sided messages suit a server that must run an optimizer on every arrival: MPI's
-one-sided accumulate cannot run a user's optimizer, and passive-target RMA over TCP only
-progresses when the target calls into MPI anyway. Non-trainable variables (e.g. batch-norm
-statistics) stay on each worker; ``run`` ends by giving every rank the servers' weights and
-worker 0's non-trainable ones.
+Transport: MPI point-to-point on a communicator of its own, inside
+``hvdlike.exclusive_mpi()``, so that the training thread is the only one of its process in
+MPI (Open MPI 5 over TCP can hang when two are); hvdlike's collectives therefore raise inside
+``train``. Non-trainable variables stay on each worker; ``run`` ends by giving every rank the
+servers' weights and worker 0's non-trainable ones.
 """
 import os
 import pickle
@@ -67,10 +41,10 @@ from hvdlike import runtime
 from hvdlike.base.files import write_atomically
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.compression import Compression
-from hvdlike.tensorflow.ps_optimizer import worker_optimizer
+from hvdlike.tensorflow.ps_optimizer import pull_before_each_step, worker_optimizer
 
 _HEADER, _PAYLOAD, _REPLY = 11, 12, 13  # message tags
-_PUSH, _DONE = 1, 2  # header kinds
+_PUSH, _DONE, _PULL = 1, 2, 3  # header kinds
 
 
 class ParameterServerTraining:
@@ -124,6 +98,7 @@ class ParameterServerTraining:
             self._shard = self._shards[self.servers.index(self.rank)]
             self._load_checkpoint()
         self.optimizer = worker_optimizer(optimizer, self)
+        self.pulls_in_step = False  # True while the model's train_step is traced or run
 
     # ------------------------------------------------------------------ every rank
 
@@ -137,7 +112,8 @@ class ParameterServerTraining:
                 self.serve()
             else:
                 try:
-                    result = train()
+                    with pull_before_each_step(self.model, self):
+                        result = train()
                 finally:
                     self._send_done()
         self._gather_final_weights()
@@ -157,9 +133,13 @@ class ParameterServerTraining:
     # ------------------------------------------------------------------ workers
 
     def push_and_pull(self, grads: List[np.ndarray]) -> List[np.ndarray]:
-        """One worker step: push the gradients (one array per trainable variable, in
-        ``model.trainable_variables`` order) and return the new weights, once the staleness
-        bound lets this worker go on."""
+        """Push the gradients (one array per trainable variable, in
+        ``model.trainable_variables`` order), then pull the weights for the next step."""
+        self.push(grads)
+        return self.pull()
+
+    def push(self, grads: List[np.ndarray]) -> None:
+        """Send each server its shard of the gradients (returns once they have left)."""
         requests = []
         for server, shard in zip(self.servers, self._shards):
             payload = np.concatenate([np.asarray(grads[i], np.float32).reshape(-1)
@@ -167,7 +147,15 @@ class ParameterServerTraining:
             header = np.array([_PUSH, 0], np.int64)
             requests.append(self._comm.Isend(header, dest=server, tag=_HEADER))
             requests.append(self._comm.Isend(_bytes(payload), dest=server, tag=_PAYLOAD))
-        out: List[Any] = [None] * len(grads)
+        for request in requests:
+            _wait(request)
+
+    def pull(self) -> List[np.ndarray]:
+        """The weights to compute the next gradients on (one array per trainable variable),
+        once the staleness bound lets this worker go on."""
+        requests = [self._comm.Isend(np.array([_PULL, 0], np.int64), dest=server, tag=_HEADER)
+                    for server in self.servers]
+        out: List[Any] = [None] * len(self.variables)
         for server, shard in zip(self.servers, self._shards):
             reply = np.empty(sum(self._sizes[i] for i in shard) + 1, np.float32)
             _wait(self._comm.Irecv(reply, source=server, tag=_REPLY))
@@ -194,7 +182,7 @@ class ParameterServerTraining:
         wire = np.empty(n, self._wire)
         active = set(range(self.num_workers))
         pushes = {w: 0 for w in active}
-        waiting: List[int] = []  # workers whose reply the staleness bound holds back
+        waiting: List[int] = []  # workers whose pull the staleness bound holds back
         summed, summed_from = np.zeros(n, np.float32), []  # max_staleness=0: this step's
         staleness, drift, applied, discarded, start = [], [], 0, 0, time.perf_counter()
         sent: Dict[int, np.ndarray] = {}  # the weights each worker got last
@@ -204,7 +192,9 @@ class ParameterServerTraining:
         last_version = {w: version for w in active}
         latest, latest_version = np.empty(0, np.float32), -1  # the weights at the last reply
         before = np.empty(0, np.float32)  # the weights before the last update
-        behind = {w: 0 for w in active}  # updates applied between a worker's pull and push
+        # per worker: the sum and count of its pushes' staleness (the updates applied
+        # between its pull and its push)
+        stale = {w: [0, 0] for w in active}
         header = np.empty(2, np.int64)
         status = _core_mpi().Status()
         while active:
@@ -212,17 +202,19 @@ class ParameterServerTraining:
             worker = status.Get_source()
             if header[0] == _DONE:
                 active.discard(worker)
+            elif header[0] == _PULL:
+                waiting.append(worker)
             else:
                 self._comm.Recv(_bytes(wire), source=worker, tag=_PAYLOAD)
                 pushes[worker] += 1
                 grad = wire.astype(np.float32, copy=False)  # used before the next receive
                 if self.total_steps is not None and self._pushes_applied >= self.total_steps:
-                    discarded += 1
-                    self._reply(worker, True, before, 0)
+                    discarded += 1  # its pull is answered "stop"
                     continue
                 self._pushes_applied += 1
-                behind[worker] = version - last_version[worker]
-                staleness.append(behind[worker])
+                staleness.append(version - last_version[worker])
+                stale[worker][0] += staleness[-1]
+                stale[worker][1] += 1
                 if worker in sent and version != last_version[worker]:
                     # the weights of the last reply, if nothing was applied since
                     now = latest if latest_version == version else self._shard_weights()
@@ -239,12 +231,11 @@ class ParameterServerTraining:
                     self._apply(shard_vars, grad)
                     version += 1
                     applied += 1
-                    waiting.append(worker)
             if self.max_staleness == 0 and summed_from and set(summed_from) >= active:
                 self._apply(shard_vars, summed / len(summed_from))
                 version += 1
                 applied += 1
-                waiting, summed_from = summed_from, []
+                summed_from = []
                 summed[:] = 0
             if self.checkpoint_dir and applied - saved_at >= self.checkpoint_every:
                 self._save_checkpoint(version)
@@ -252,14 +243,16 @@ class ParameterServerTraining:
             slowest = min((pushes[w] for w in active), default=0)
             still = []
             for w in waiting:
-                if (self.max_staleness in (None, 0) or w not in active
+                if (self.max_staleness is None or w not in active
                         or pushes[w] - slowest <= self.max_staleness):
                     last_version[w] = version
                     if w in active:
                         lead = max(lead, pushes[w] - slowest)
                     stop = (self.total_steps is not None
                             and self._pushes_applied >= self.total_steps)
-                    ahead = behind[w] if self.lookahead and before.size else 0
+                    # expected staleness of its next push: its pushes' mean so far
+                    ahead = (stale[w][0] / stale[w][1]
+                             if self.lookahead and before.size and stale[w][1] else 0.0)
                     latest, sent[w] = self._reply(w, stop, before, ahead)
                     latest_version = version
                 else:
@@ -268,6 +261,8 @@ class ParameterServerTraining:
         self.stats = {"updates": version, "pushes": pushes, "discarded": discarded,
                       "mean_staleness": float(np.mean(staleness)) if staleness else 0.0,
                       "max_staleness": int(max(staleness)) if staleness else 0,
+                      "mean_staleness_by_worker": {w: total / n for w, (total, n)
+                                                   in sorted(stale.items()) if n},
                       "max_lead": lead,
                       "mean_drift": float(np.mean(drift)) if drift else 0.0,
                       "seconds": time.perf_counter() - start}
@@ -287,7 +282,7 @@ class ParameterServerTraining:
         return out
 
     def _reply(self, worker: int, stop: bool, before: np.ndarray,
-               ahead: int) -> Tuple[np.ndarray, np.ndarray]:
+               ahead: float) -> Tuple[np.ndarray, np.ndarray]:
         """Send ``worker`` this shard's weights (and whether to stop), moved ``ahead`` times
         the last update (the weights minus ``before``) further on: about where the updates
         applied while the worker computes its next push will have taken them. Returns the

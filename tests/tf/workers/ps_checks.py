@@ -235,6 +235,45 @@ def _():
         assert pushes[0] > pushes[ps.num_workers - 1], ps.stats
 
 
+@check("ps_a_fit_step_pulls_the_weights_once_its_batch_is_there")
+def _():
+    # the last worker's input pipeline waits 0.2 s before each batch: its step's pull must
+    # come after that wait (else the other workers' pushes during it make its gradients
+    # stale). Each batch counts itself once produced; each pull notes the count it sees.
+    from tensorflow.python.data.experimental.ops import testing
+    m = model_and_data()
+    ps = hvd.ParameterServerTraining(m, keras.optimizers.SGD(0.05), num_servers=NUM_SERVERS)
+    m.compile(optimizer=ps.optimizer, loss="mse")
+    produced, seen = [0], []
+    pull = ps.pull
+
+    def counted_pull():
+        seen.append(produced[0])
+        return pull()
+
+    def count(x, y):
+        def bump(x):
+            produced[0] += 1
+            return x
+        out = tf.py_function(bump, [x], tf.float32)
+        out.set_shape(x.shape)
+        return out, y
+
+    def train():
+        # static shapes (as Keras's own pipelines often have): the batch's size is a constant
+        ds = tf.data.Dataset.from_tensor_slices(shard(ps.worker_index)).batch(
+            BATCH, drop_remainder=True)
+        if ps.worker_index == ps.num_workers - 1:
+            ds = ds.apply(testing.sleep(200_000)).map(count)
+        m.fit(ds, steps_per_epoch=STEPS, epochs=1, verbose=0)
+
+    ps.pull = counted_pull
+    ps.run(train)
+    if ps.worker_index == ps.num_workers - 1:
+        assert len(seen) == STEPS, seen
+        assert all(n >= k + 1 for k, n in enumerate(seen)), f"batches there at each pull: {seen}"
+
+
 @check("ps_custom_loop_staleness_0_equals_one_process")
 def _():
     m = model_and_data()
