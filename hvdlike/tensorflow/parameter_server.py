@@ -184,7 +184,7 @@ class ParameterServerTraining:
         pushes = {w: 0 for w in active}
         waiting: List[int] = []  # workers whose pull the staleness bound holds back
         summed, summed_from = np.zeros(n, np.float32), []  # max_staleness=0: this step's
-        staleness, drift, applied, discarded, start = [], [], 0, 0, time.perf_counter()
+        drift, applied, discarded, start = [], 0, 0, time.perf_counter()
         sent: Dict[int, np.ndarray] = {}  # the weights each worker got last
         lead = 0  # the most pushes a worker was ahead of the slowest when it got its reply
         saved_at = 0  # ``applied`` at the last checkpoint
@@ -195,6 +195,7 @@ class ParameterServerTraining:
         # per worker: the sum and count of its pushes' staleness (the updates applied
         # between its pull and its push)
         stale = {w: [0, 0] for w in active}
+        most_stale = 0
         header = np.empty(2, np.int64)
         status = _core_mpi().Status()
         while active:
@@ -212,9 +213,10 @@ class ParameterServerTraining:
                     discarded += 1  # its pull is answered "stop"
                     continue
                 self._pushes_applied += 1
-                staleness.append(version - last_version[worker])
-                stale[worker][0] += staleness[-1]
+                behind = version - last_version[worker]
+                stale[worker][0] += behind
                 stale[worker][1] += 1
+                most_stale = max(most_stale, behind)
                 if worker in sent and version != last_version[worker]:
                     # the weights of the last reply, if nothing was applied since
                     now = latest if latest_version == version else self._shard_weights()
@@ -258,9 +260,11 @@ class ParameterServerTraining:
                 else:
                     still.append(w)
             waiting = still
+        counted = sum(n for _, n in stale.values())
         self.stats = {"updates": version, "pushes": pushes, "discarded": discarded,
-                      "mean_staleness": float(np.mean(staleness)) if staleness else 0.0,
-                      "max_staleness": int(max(staleness)) if staleness else 0,
+                      "mean_staleness": (sum(total for total, _ in stale.values()) / counted
+                                         if counted else 0.0),
+                      "max_staleness": most_stale,
                       "mean_staleness_by_worker": {w: total / n for w, (total, n)
                                                    in sorted(stale.items()) if n},
                       "max_lead": lead,
