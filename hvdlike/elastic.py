@@ -37,7 +37,7 @@ from . import control_collectives, runtime
 from .base import files
 from .base.errors import HostsUpdatedInterrupt, RanksFailedError  # noqa: F401 - Horovod's names
 from .base.log import logger
-from .runtime import shrink
+from .runtime import recovery_deadline, shrink
 
 _STATE_FILE = "elastic_state.pkl"
 
@@ -136,13 +136,15 @@ def run(func: _F) -> _F:
             raise TypeError(f"hvdlike.elastic.run: {func.__name__} must be called with an "
                             "hvdlike.elastic State first (ObjectState, or a framework's "
                             f"TensorFlowKerasState / TensorFlowState), got {type(state).__name__}")
-        min_size, max_size = _min_size(), _max_size()  # bad values: an error now, not later
+        # bad values: an error now, not later
+        min_size, max_size = _min_size(), _max_size()
+        deadline = recovery_deadline.seconds(os.environ)
         _load_committed(state)
         reset = False
         while True:
             try:
                 if reset:
-                    shrink.shrink_after_failure(min_size, max_size)
+                    shrink.shrink_after_failure(min_size, max_size, deadline)
                     state.on_reset()
                 state.sync()
                 return func(state, *args, **kwargs)

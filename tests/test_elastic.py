@@ -140,11 +140,34 @@ def test_max_np_without_a_free_slot_goes_on_with_the_survivors():
     np.testing.assert_allclose(result["w"], _reference(sizes), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("variable", ["HVDLIKE_ELASTIC_MAX_NP", "HVDLIKE_ELASTIC_MIN_NP"])
-def test_a_bad_elastic_setting_fails_before_training_on_every_rank(variable):
+def test_a_recovery_mpi_does_not_finish_ends_at_its_deadline_saying_where():
+    """HVDLIKE_ELASTIC_RECOVERY_TIMEOUT=3: rank 2 dies and rank 0 starts its recovery 15 s
+    late, so rank 1 waits in MPI_Comm_shrink past its deadline (as when MPI does not return):
+    it says so, prints where it was and exits with status 1, and hvdlikerun ends the job
+    (hvdlikerun's last line still names the rank that died first)."""
+    job, _ = _run(3, "late", 2, ["--elastic"], env={"HVDLIKE_ELASTIC_RECOVERY_TIMEOUT": "3",
+                                                    "HVDLIKE_TEST_LATE_SECONDS": "15"})
+    assert job.returncode != 0, job.output[-4000:]
+    assert ("hvdlike: rank 1 of 3: the elastic recovery after ranks died is still in "
+            "MPI_Comm_shrink (the survivors' communicator) after 3 s (MPI did not return); "
+            "this rank exits with status 1") in job.output, job.output[-4000:]
+    where = job.output[job.output.index("Where it was:"):]
+    assert re.search(r'File ".*hvdlike/runtime/shrink\.py", line \d+ in _rebuild', where), where
+    assert "rank 0 of 3: the elastic recovery" not in job.output  # its part had no deadline yet
+    assert "RESULT" not in job.output
+    assert "rank 1 of 3 (pid" not in job.output  # it said why it ended: no "killed or crashed"
+    found = re.fullmatch(LAST, last_line(job.output))
+    assert found and found.group(1) == "2", job.output[-3000:]
+
+
+@pytest.mark.parametrize("variable,what", [("HVDLIKE_ELASTIC_MAX_NP", "a whole number"),
+                                           ("HVDLIKE_ELASTIC_MIN_NP", "a whole number"),
+                                           ("HVDLIKE_ELASTIC_RECOVERY_TIMEOUT",
+                                            "a number of seconds")])
+def test_a_bad_elastic_setting_fails_before_training_on_every_rank(variable, what):
     job, _ = _run(2, "before", 1, ["--elastic"], env={variable: "four"}, timeout=60)
     assert job.returncode != 0 and "COMMITTED" not in job.output
-    assert f"ValueError: {variable}='four' is not a whole number" in job.output
+    assert f"ValueError: {variable}='four' is not {what}" in job.output
 
 
 def test_elastic_run_called_without_a_state_says_what_it_takes():

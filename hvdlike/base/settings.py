@@ -139,6 +139,10 @@ VARIABLES = (
     Variable("HVDLIKE_ELASTIC_MAX_NP", "0",
              "`hvdlike.elastic`: start new ranks in place of dead ones, up to this many "
              "(`hvdlikerun --max-np`; 0: never)"),
+    Variable("HVDLIKE_ELASTIC_RECOVERY_TIMEOUT", "120",
+             "`hvdlike.elastic`: a rank still recovering from a death this many seconds after "
+             "it began (MPI did not return) says where it is and exits with status 1, so the job "
+             "ends instead of hanging (0: never)"),
 )
 
 # Horovod's names for the settings hvdlike has, so that a Horovod job script keeps its tuning.

@@ -23,6 +23,7 @@ _TAIL = max(len(n) for n in NOTICES) - 1  # bytes kept so that a notice split in
 _ENDED = ENDED.encode()
 _DEATH = re.compile(rb"^hvdlike: rank \d+ of \d+ \(pid \d+ on host .*\) " + re.escape(_ENDED)
                     + rb"(?: \(t=([\d.]+)\))?.*$", re.M)
+_TIME = re.compile(rb" \(t=[\d.]+\)")
 _LINE = 4096  # bytes of an unfinished line kept to look for the death notice in
 
 
@@ -70,8 +71,9 @@ class OutputWatch:
             if _ENDED in lines:
                 for found in _DEATH.finditer(lines, 0, lines.rfind(b"\n") + 1):
                     when = float(found.group(1)) if found.group(1) else float("inf")
+                    said = _TIME.sub(b"", found.group(), count=1)  # the time only orders them
                     self._deaths.append((when, len(self._deaths),
-                                         found.group().decode(errors="replace")))
+                                         said.decode(errors="replace")))
             line = lines[lines.rfind(b"\n") + 1:][-_LINE:]
         source.close()
 

@@ -15,7 +15,7 @@ import sys
 from types import ModuleType
 from typing import Any, List, Optional, Sequence
 
-from . import ending, session_dirs, sets
+from . import ending, recovery_deadline, session_dirs, sets
 from .abort_notice import AbortNotice
 from ..base import death_notice, log
 from ..base.errors import NotInitializedError
@@ -81,6 +81,20 @@ def init(comm: Any = None, abort_on_exception: Optional[bool] = None) -> None:
     from ..transport import mpi as transport  # initializes MPI
 
     MPI = transport.MPI
+    joining = None  # a replacement's part of the elastic recovery has its deadline too
+    if comm is None and MPI.Comm.Get_parent() != MPI.COMM_NULL:
+        joining = recovery_deadline.RecoveryDeadline("a rank started in place of the dead",
+                                   recovery_deadline.seconds(os.environ))
+    try:
+        _start(settings, MPI, transport, comm, abort_on_exception)
+    finally:
+        if joining is not None:
+            joining.done()
+
+
+def _start(settings: Settings, MPI: ModuleType, transport: ModuleType, comm: Any,
+           abort_on_exception: Optional[bool]) -> None:
+    global _state
     joined = _join_parents(MPI) if comm is None else None
     if comm is None:
         comm = MPI.COMM_WORLD if joined is None else joined

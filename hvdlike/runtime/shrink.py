@@ -3,15 +3,17 @@ with new processes in place of the dead where MPI can start them, and start hvdl
 import os
 import sys
 from types import ModuleType
-from typing import Any, List
+from typing import Any, List, Tuple
 
 from ..base import log
 from ..engine import timeline
 from . import forget_world, init, state
 from .ending import finalize_with_deadline_at_exit
+from .recovery_deadline import DEFAULT_SECONDS, RecoveryDeadline
 
 
-def shrink_after_failure(min_size: int = 1, max_size: int = 0) -> List[int]:
+def shrink_after_failure(min_size: int = 1, max_size: int = 0,
+                         deadline: float = DEFAULT_SECONDS) -> List[int]:
     """After ranks died (``failure()`` is set): build a new world of the survivors and start
     hvdlike on it. Collective over the survivors. Returns the old world ranks that died.
 
@@ -21,39 +23,29 @@ def shrink_after_failure(min_size: int = 1, max_size: int = 0) -> List[int]:
     communicators are revoked; nothing is freed together on them (a dead rank cannot take
     part). Process sets other than the global one are dropped: register them again, with the
     new ranks, in a reset callback. Raises RuntimeError on every rank when fewer than
-    ``min_size`` ranks are left.
+    ``min_size`` ranks are left. A rank still in it after ``deadline`` seconds (0: none)
+    exits with status 1, saying where it was (``recovery_deadline``).
     """
     st = state("hvdlike.elastic reset")
     error = st.engine.failure
     if error is None:
         raise RuntimeError("hvdlike: no ranks have failed; there is nothing to recover from")
-    log.logger.debug("elastic: stopping the failed engine")
-    st.engine.stop()
-    timeline.stop_timeline()
-    log.logger.debug("elastic: shrinking the world")
-    survivors = st.world.Shrink()
-    log.logger.debug(f"elastic: shrunk to {survivors.Get_size()} ranks")
-    if st.previous_excepthook is not None:
-        sys.excepthook = st.previous_excepthook
     old_rank, old_size = st.rank, st.size
-    forget_world()
-    finalize_with_deadline_at_exit()
-    kept = survivors.allgather(old_rank)
-    failed = sorted(set(range(old_size)) - set(kept))
-    error.failed[:] = failed
-    world = survivors
-    wanted = min(max_size, old_size) - len(kept)
-    if wanted > 0 and len(kept) + wanted >= min_size:  # else the job ends below: start none
-        world = _spawn_replacements(st.mpi, survivors, wanted)
+    recovery = RecoveryDeadline(f"rank {old_rank} of {old_size}", deadline)
     try:
-        init(comm=world)
+        failed, world, survivors = _rebuild(st, error, max_size, min_size, recovery)
+        recovery.step("starting hvdlike on the new world (collectives over it)")
+        try:
+            init(comm=world)
+        finally:
+            if world is not survivors:
+                world.Free()
+            survivors.Free()
     finally:
-        if world is not survivors:
-            world.Free()
-        survivors.Free()
+        recovery.done()
     new = state()
     if new.rank == 0:
-        k = len(kept)
+        k = old_size - len(failed)
         joined = {0: "", 1: f", and a new rank joined as rank {k}"}.get(
             new.size - k, f", and {new.size - k} new ranks joined as ranks {k}..{new.size - 1}")
         log.logger.warning(f"elastic: ranks {failed} of {old_size} died; {k} ranks go on, "
@@ -67,6 +59,33 @@ def shrink_after_failure(min_size: int = 1, max_size: int = 0) -> List[int]:
         too_few.hvdlike_quiet = new.rank != 0  # type: ignore[attr-defined]
         raise too_few
     return failed
+
+
+def _rebuild(st: Any, error: Any, max_size: int, min_size: int,
+             recovery: RecoveryDeadline) -> Tuple[List[int], Any, Any]:
+    """The world of the survivors (and of new processes in place of the dead): the ranks
+    that died, the new world, the survivors' communicator."""
+    recovery.step("stopping the failed engine")
+    st.engine.stop()
+    timeline.stop_timeline()
+    recovery.step("MPI_Comm_shrink (the survivors' communicator)")
+    survivors = st.world.Shrink()
+    log.logger.debug(f"elastic: shrunk to {survivors.Get_size()} ranks")
+    if st.previous_excepthook is not None:
+        sys.excepthook = st.previous_excepthook
+    old_rank, old_size = st.rank, st.size  # forget_world() clears them
+    forget_world()
+    finalize_with_deadline_at_exit()
+    recovery.step("gathering the survivors' old ranks")
+    kept = survivors.allgather(old_rank)
+    failed = sorted(set(range(old_size)) - set(kept))
+    error.failed[:] = failed
+    world = survivors
+    wanted = min(max_size, old_size) - len(kept)
+    if wanted > 0 and len(kept) + wanted >= min_size:  # else the job ends below: start none
+        recovery.step(f"MPI_Comm_spawn of {wanted} new rank(s) and the merge with them")
+        world = _spawn_replacements(st.mpi, survivors, wanted)
+    return failed, world, survivors
 
 
 def _spawn_replacements(MPI: ModuleType, survivors: Any, count: int) -> Any:

@@ -14,6 +14,9 @@ that replaced dead ranks under ``hvdlikerun --max-np``):
 - ``always``: ``before``, in every run of a restarted job;
 - ``reset_bug``: ``before``, and the survivors' reset callback raises (a bug every
   survivor hits);
+- ``late``: ``before``, and the lowest surviving rank starts its recovery
+  ``HVDLIKE_TEST_LATE_SECONDS`` late (its state's ``restore`` sleeps first): the others wait
+  for it in MPI_Comm_shrink;
 - ``oom``: before that step's all-reduce the victim joins the memory cgroup named by
   ``HVDLIKE_TEST_OOM_CGROUP`` (cgroup v1, made by the test with a small limit) and allocates
   until the kernel's OOM killer kills it.
@@ -64,6 +67,14 @@ def main() -> None:
             raise ValueError(f"a bug in a reset callback on rank {hvd.rank()}")
         state.register_reset_callbacks([bug])
 
+    if mode == "late" and hvd.rank() == (1 if victim == 0 else 0):
+        restore = state.restore
+
+        def late_restore() -> None:
+            time.sleep(float(os.environ["HVDLIKE_TEST_LATE_SECONDS"]))
+            restore()
+        state.restore = late_restore  # type: ignore[method-assign]
+
     def train(state: hvd.elastic.ObjectState) -> None:
         while state.step < steps:
             dying = (hvd.size() == first_size and (first_run or mode == "always")
@@ -71,7 +82,7 @@ def main() -> None:
                      and not resets and not replacement)
             if dying and mode == "oom":
                 run_out_of_memory()
-            if dying and mode in ("before", "plain", "caught", "always", "reset_bug"):
+            if dying and mode in ("before", "plain", "caught", "always", "reset_bug", "late"):
                 die()
             g = gradient(hvd.rank(), hvd.size(), state.step)
             handle = hvd.allreduce_async(g, name="grad")
