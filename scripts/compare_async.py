@@ -24,7 +24,9 @@ them in a variable on a ps task) and, for async, the mean relative L2 distance b
 weights a push was computed on and the weights it was applied to. Writes ``OUT.json`` (a
 list of runs: ``mode``, ``slowed``, ``servers``, ``workers``, ``seed``, ``examples_per_s``,
 ``final_accuracy``, ...) and ``OUT.png``, prints a table. ``--repeats N`` runs it all N
-times from the initial weights of seeds 0..N-1 and adds the mean and range over them.
+times from the initial weights of seeds 0..N-1 and adds the mean and range over them. A
+native_ps run that fails in TensorFlow's own RPCs runs once more (its run then has
+``retried_after``, the first attempt's output).
 ``--quick`` (8,192 examples per run) takes about 2.5 minutes on 2 cores; ``--only-slowed``
 skips the async and native_ps runs with equal workers.
 """
@@ -40,6 +42,8 @@ from bench_output import figure
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("sync", "async", "native_ps")
+# how TensorFlow reports an RPC of its own that failed between two of its tasks
+NATIVE_GRPC_ERROR = "Additional GRPC error information"
 
 
 def run_job(args, mode, servers, workers, slow_ms, seed):
@@ -54,6 +58,15 @@ def run_job(args, mode, servers, workers, slow_ms, seed):
     cmd += ["--no-lookahead"] if args.no_lookahead else []
     start = time.time()
     p = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=600)
+    retried = None
+    if mode == "native_ps" and p.returncode != 0 and NATIVE_GRPC_ERROR in p.stdout + p.stderr:
+        # TensorFlow's own RPCs between its chief and a worker failed (once in ~20 CI runs:
+        # "Unable to parse request"): not a result of the comparison; run it once more
+        retried = (p.stdout + p.stderr)[-1500:]
+        print(f"compare_async: native_ps ({servers}+{workers}, seed {seed}) failed inside "
+              f"TensorFlow's gRPC; running it once more:\n{retried}", file=sys.stderr)
+        start = time.time()
+        p = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=600)
     lines = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
         return {"mode": mode, "servers": servers, "workers": workers, "slowed": slow_ms > 0,
@@ -62,6 +75,8 @@ def run_job(args, mode, servers, workers, slow_ms, seed):
     result = json.loads(lines[-1][len("RESULT "):])
     result.update(mode=mode, servers=servers, workers=workers, slowed=slow_ms > 0,
                   slow_ms=slow_ms, seed=seed, job_seconds=time.time() - start)
+    if retried:
+        result["retried_after"] = retried
     return result
 
 

@@ -5,8 +5,10 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -49,6 +51,25 @@ def test_taking_a_cluster_down_removes_what_its_killed_daemons_left(tmp_path, mo
     unrelated = _stale_session(tmp_path, f"ompi.{dead.pid}", "another-host")
     c.down()
     assert not left.exists() and unrelated.exists()
+
+
+def test_ending_leftovers_kills_what_still_runs_on_the_test_hosts(cluster):
+    """What a crashed launcher leaves running on a test host (here a sleep on host B) is
+    killed and named; a process outside the test hosts is left alone."""
+    inside = subprocess.Popen(cluster.command_on(1, ["sleep", "300"]))
+    outside = subprocess.Popen(["sleep", "300"])
+    try:
+        deadline = time.monotonic() + 10  # nsenter has exec'd sleep once its cmdline says so
+        while "sleep" not in Path(f"/proc/{inside.pid}/cmdline").read_text() and \
+                time.monotonic() < deadline:
+            time.sleep(0.02)
+        killed = cluster.end_leftovers()
+        assert killed == [f"{cluster.names[1]}: {inside.pid} sleep 300"]
+        assert inside.wait(timeout=10) == -signal.SIGKILL
+        assert outside.poll() is None
+    finally:
+        outside.kill()
+        inside.kill()
 
 
 def test_hvd_init_on_each_host_removes_what_killed_daemons_left_there(cluster):
@@ -405,16 +426,16 @@ def test_a_rank_killed_on_host_b(cluster, ulfm, replace):
     and the result is that of four ranks throughout. A replacement run in which Open MPI's
     launcher failed (an upstream bug, PRRTE_CRASHED) runs once more, with a warning."""
     import re
-    import time
     from test_elastic import LAST, KILL_STEP, STEPS, _killed_at, _reference, _results, last_line
     program = [sys.executable, str(REPO / "tests/mpi_cases/elastic_cases.py"),
                "before" if ulfm else "plain", "3", str(KILL_STEP), str(STEPS)]
     job = _launch_2x2(cluster, program, ulfm=ulfm, runner=not ulfm,
                       env={"HVDLIKE_ELASTIC_MAX_NP": "4"} if replace else None)
     if replace and _launcher_crashed(job):
+        left = cluster.end_leftovers()  # what the crashed launcher left must not meet the rerun
         warnings.warn(f"Open MPI's launcher failed around the spawn of the new rank (status "
                       f"{job.returncode}, an upstream bug: docs/reliability.md); the job ran "
-                      f"again:\n"
+                      f"again after killing what it left running ({left or 'nothing'}):\n"
                       f"{job.output[-1500:]}")
         job = _launch_2x2(cluster, program, ulfm=ulfm, env={"HVDLIKE_ELASTIC_MAX_NP": "4"})
     ended = time.time()
@@ -440,7 +461,6 @@ def test_a_collective_skipped_on_host_b_ends_every_rank_naming_rank_and_tensor(c
     """The stall inspector across the link: rank 3 (host B) skips a cached all-reduce; all
     four ranks print the same shutdown report and exit within the shutdown time + 5 s."""
     import re
-    import time
     from test_stall import STALL
     job = _launch_2x2(cluster, [sys.executable, str(REPO / "tests/mpi_cases/stall_cases.py"),
                                 "cached", "3"], env=STALL, timeout=60)
@@ -463,7 +483,6 @@ def test_an_uncaught_exception_on_host_b_aborts_both_hosts(cluster):
     transport error came first and Open MPI hung after it, as in test_a_rank_killed_on_host_b;
     such a job runs once more, with a warning."""
     import re
-    import time
     program = [sys.executable, str(REPO / "tests/mpi_cases/failure_cases.py"), "hvdlike", "3"]
     job = _launch_2x2(cluster, program, timeout=30)
     job = _once_more_if_open_mpi_hung(job, lambda: _launch_2x2(cluster, program, timeout=30))

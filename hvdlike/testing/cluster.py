@@ -22,8 +22,10 @@ import argparse
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from typing import Dict, List, Optional, Sequence
 
 from hvdlike.runtime import session_dirs
@@ -198,6 +200,31 @@ exec nsenter --net=/run/netns/$ns --uts={self.dir}/$ns.uts -- /bin/sh -c "$*"
             shutil.rmtree(self.dir, ignore_errors=True)
         for name in self.names:  # what its killed Open MPI daemons left in the shared /tmp
             session_dirs.remove_stale(os.environ, hostname=name)
+
+    def end_leftovers(self) -> List[str]:
+        """Kill (SIGKILL) every process still in a test host's network namespace, e.g. what a
+        crashed launcher left, and remove what they left in /tmp; return ``"host: pid
+        command"`` for each process killed."""
+        killed, pids = [], []
+        for name in self.names:
+            listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True,
+                                    text=True, check=False).stdout.split()
+            for pid in map(int, listed):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        command = f.read().replace(b"\0", b" ").decode(errors="replace")
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    continue  # already gone
+                killed.append(f"{name}: {pid} {command.strip()[:160]}")
+                pids.append(pid)
+        deadline = time.monotonic() + 5
+        while any(os.path.exists(f"/proc/{pid}") for pid in pids) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        for name in self.names:
+            session_dirs.remove_stale(os.environ, hostname=name)
+        return killed
 
     def __enter__(self) -> "Cluster":
         return self.up()
