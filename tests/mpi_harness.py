@@ -23,8 +23,9 @@ REPO = TESTS.parent
 WORKER = TESTS / "mpi_worker.py"
 SCRIPT_DIRS = (REPO, TESTS / "mpi_cases", TESTS / "tf" / "workers")
 DEFAULT_TIMEOUT = 120.0
+# an elastic recovery that MPI does not finish ends (saying where) before the jobs' timeouts
 TEST_ENV = dict(TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0", CUDA_VISIBLE_DEVICES="",
-                PYTHONUNBUFFERED="1")
+                PYTHONUNBUFFERED="1", HVDLIKE_ELASTIC_RECOVERY_TIMEOUT="45")
 
 
 @dataclasses.dataclass

@@ -368,7 +368,8 @@ def _launch_2x2(cluster, program, env=None, timeout=60, ulfm=False, runner=False
     mpirun = str(Path(sys.executable).parent / "mpirun")
     env = dict(env or {}, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_osc="^ucx", PYTHONPATH=str(REPO),
-               HVDLIKE_LOG_LEVEL=os.environ.get("HVDLIKE_LOG_LEVEL", "warning"))
+               HVDLIKE_LOG_LEVEL=os.environ.get("HVDLIKE_LOG_LEVEL", "warning"),
+               HVDLIKE_ELASTIC_RECOVERY_TIMEOUT="30")  # before the job's timeout, saying where
     ft = ["--with-ft", "ulfm"] if ulfm else []
     if runner:  # hvdlikerun forwards the environment itself
         def argv_for(argv):
