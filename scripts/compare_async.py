@@ -28,7 +28,8 @@ times from the initial weights of seeds 0..N-1 and adds the mean and range over 
 native_ps run that fails in TensorFlow's own RPCs runs once more (its run then has
 ``retried_after``, the first attempt's output).
 ``--quick`` (8,192 examples per run) takes about 2.5 minutes on 2 cores; ``--only-slowed``
-skips the async and native_ps runs with equal workers.
+skips the async and native_ps runs with equal workers, ``--only-equal`` those with a worker
+slowed.
 """
 import argparse
 import json
@@ -100,7 +101,8 @@ def driver(args):
             # step of the slowed worker takes about as long as its wait: 3x
             slow_ms = 3 * step_ms
             for mode in MODES:
-                for slow in ((slow_ms,) if args.only_slowed else (0, slow_ms)):
+                for slow in ((slow_ms,) if args.only_slowed else
+                             (0,) if args.only_equal else (0, slow_ms)):
                     if mode == "sync" and slow == 0:
                         continue
                     runs.append(run_job(args, mode, servers, workers, slow, seed))
@@ -365,6 +367,8 @@ def main():
     p.add_argument("--only-slowed", action="store_true",
                    help="run each mode only with one worker slowed (the equal sync run still "
                         "runs first: it sets the delay)")
+    p.add_argument("--only-equal", action="store_true",
+                   help="run each mode only with equal workers")
     p.add_argument("--repeats", type=int, default=1,
                    help="run everything this many times, with initial weights from seeds "
                         "SEED, SEED+1, ...; prints the mean and range over them")

@@ -184,7 +184,7 @@ class ParameterServerTraining:
         pushes = {w: 0 for w in active}
         waiting: List[int] = []  # workers whose pull the staleness bound holds back
         summed, summed_from = np.zeros(n, np.float32), []  # max_staleness=0: this step's
-        drift, applied, discarded, start = [], 0, 0, time.perf_counter()
+        drift, applied, discarded, start = 0.0, 0, 0, time.perf_counter()  # drift: a sum
         sent: Dict[int, np.ndarray] = {}  # the weights each worker got last
         lead = 0  # the most pushes a worker was ahead of the slowest when it got its reply
         saved_at = 0  # ``applied`` at the last checkpoint
@@ -220,10 +220,8 @@ class ParameterServerTraining:
                 if worker in sent and version != last_version[worker]:
                     # the weights of the last reply, if nothing was applied since
                     now = latest if latest_version == version else self._shard_weights()
-                    drift.append(float(np.linalg.norm(now - sent[worker])
-                                       / max(np.linalg.norm(now), 1e-30)))
-                else:
-                    drift.append(0.0)
+                    drift += float(np.linalg.norm(now - sent[worker])
+                                   / max(np.linalg.norm(now), 1e-30))
                 if self.max_staleness == 0:
                     summed += grad
                     summed_from.append(worker)
@@ -268,7 +266,7 @@ class ParameterServerTraining:
                       "mean_staleness_by_worker": {w: total / n for w, (total, n)
                                                    in sorted(stale.items()) if n},
                       "max_lead": lead,
-                      "mean_drift": float(np.mean(drift)) if drift else 0.0,
+                      "mean_drift": drift / counted if counted else 0.0,
                       "seconds": time.perf_counter() - start}
         if self.checkpoint_dir:
             self._save_checkpoint(version)
