@@ -29,9 +29,13 @@ Settings, each its own job (``--steps`` steps after 3 untimed ones):
 
 Every setting runs ``--repeats`` times, the list in turn. Reported per setting: steps/s
 (1 / the median step time; the median over the repeats) and its ratio to the best of the
-grid. Targets: autotune >= 0.95x the best grid setting, and not below the defaults by more
-than the run-to-run noise (the largest spread between the repeats of any setting there). Writes
-OUT.json (every step time, the autotune log) and OUT.png.
+grid. Then ``--confirm`` rounds measure afresh, in turn, the best grid setting, each autotune
+run's choice (its final settings, held fixed) and the defaults: the first pass's best is the
+largest of several noisy figures, so it comes out above its setting's true speed wherever the
+settings differ less than the noise, and a second measurement does not carry that bias.
+Targets, judged on the fresh figures: autotune's worse choice >= 0.95x the best grid setting,
+and not below the defaults by more than the run-to-run noise (the largest spread between the
+repeats of any setting there). Writes OUT.json (every step time, the autotune log) and OUT.png.
 """
 import argparse
 import csv
@@ -159,6 +163,8 @@ def run_job(argv: List[str], env: Dict[str, str], timeout: float) -> None:
 
 
 def measure(args: argparse.Namespace, where: str, tmp: Path) -> List[Dict[str, Any]]:
+    """Every setting ``--repeats`` times, the list in turn; then ``--confirm`` rounds of the
+    best grid setting, each autotune run's choice and the defaults, again in turn."""
     cluster: Any = None
     if where == "cluster":
         from hvdlike.testing.cluster import Cluster, missing_requirements
@@ -170,36 +176,62 @@ def measure(args: argparse.Namespace, where: str, tmp: Path) -> List[Dict[str, A
     try:
         for repeat, job in [(k, job) for k in range(args.repeats)
                             for job in jobs(args, where, tmp / f"{where}-autotune-{k}.csv")]:
-            out = tmp / f"{where}-{len(rows)}.json"
-            program = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out),
-                       "--scale", str(args.scale), "--backprop-ms", str(args.backprop_ms),
-                       "--bursts", str(args.bursts), "--skew-ms", str(args.skew_ms),
-                       "--steps", str(per_place(args.steps, where))]
-            env = dict(os.environ, **job["env"], PYTHONPATH=str(REPO))
-            if cluster is None:
-                argv = [sys.executable, "-m", "hvdlike.runner", "-np", "2", *program]
-            else:
-                names = ["PYTHONPATH", *job["env"]]
-                mpirun = str(Path(sys.executable).parent / "mpirun")
-                argv = cluster.command_on(0, cluster.mpirun_argv(
-                    mpirun, [1, 1], program, [a for n in names for a in ("-x", n)]))
-                env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-            started = time.time()
-            run_job(argv, env, args.job_timeout)
-            result = json.loads(out.read_text())
-            measured = result["times"][result["tuned_at"] or 0:]
-            row = dict(where=where, name=job["name"], repeat=repeat, env=job["env"],
-                       steps_per_s=1 / statistics.median(measured), **result)
-            if job["name"] == "autotune":
-                with open(job["env"]["HVDLIKE_AUTOTUNE_LOG"]) as f:
-                    row["log"] = list(csv.DictReader(f))
-            rows.append(row)
-            print(f"  {where} {job['name']}: {row['steps_per_s']:.2f} steps/s "
-                  f"({time.time() - started:.0f} s)", flush=True)
+            rows.append(run_setting(args, where, job, repeat, cluster,
+                                    tmp / f"{where}-{len(rows)}.json"))
+        for repeat, job in [(k, job) for k in range(args.confirm)
+                            for job in confirm_jobs(rows)]:
+            rows.append(run_setting(args, where, job, repeat, cluster,
+                                    tmp / f"{where}-{len(rows)}.json"))
     finally:
         if cluster is not None:
             cluster.down()
     return rows
+
+
+def confirm_jobs(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The confirmation's jobs: the best grid setting of the first pass (the median of its
+    repeats), each autotune run's chosen settings, held fixed, and the defaults. Measured
+    afresh, the best of the grid no longer gains from having been picked as the largest of
+    several noisy figures."""
+    first = combine(rows)
+    best = max((r for r in first if r["name"].startswith("grid")),
+               key=lambda r: r["steps_per_s"])
+    out = [dict(name=f"confirm: {best['name']}", env=best["last"]["env"])]
+    for k, tuned in enumerate(r for r in rows if r["name"] == "autotune"):
+        chosen = {knob: tuned["final"][knob] for knob in VARIABLE}
+        out.append(dict(name=f"confirm: autotune's choice {k}", env=settings_env(chosen)))
+    out.append(dict(name="confirm: defaults", env={}))
+    return out
+
+
+def run_setting(args: argparse.Namespace, where: str, job: Dict[str, Any], repeat: int,
+                cluster: Any, out: Path) -> Dict[str, Any]:
+    """One job of ``job``'s setting: its row (steps/s, every step time, what autotune chose)."""
+    program = [sys.executable, str(Path(__file__).resolve()), "--worker", str(out),
+               "--scale", str(args.scale), "--backprop-ms", str(args.backprop_ms),
+               "--bursts", str(args.bursts), "--skew-ms", str(args.skew_ms),
+               "--steps", str(per_place(args.steps, where))]
+    env = dict(os.environ, **job["env"], PYTHONPATH=str(REPO))
+    if cluster is None:
+        argv = [sys.executable, "-m", "hvdlike.runner", "-np", "2", *program]
+    else:
+        names = ["PYTHONPATH", *job["env"]]
+        mpirun = str(Path(sys.executable).parent / "mpirun")
+        argv = cluster.command_on(0, cluster.mpirun_argv(
+            mpirun, [1, 1], program, [a for n in names for a in ("-x", n)]))
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    started = time.time()
+    run_job(argv, env, args.job_timeout)
+    result = json.loads(out.read_text())
+    measured = result["times"][result["tuned_at"] or 0:]
+    row = dict(where=where, name=job["name"], repeat=repeat, env=job["env"],
+               steps_per_s=1 / statistics.median(measured), **result)
+    if job["name"] == "autotune":
+        with open(job["env"]["HVDLIKE_AUTOTUNE_LOG"]) as f:
+            row["log"] = list(csv.DictReader(f))
+    print(f"  {where} {job['name']}: {row['steps_per_s']:.2f} steps/s "
+          f"({time.time() - started:.0f} s)", flush=True)
+    return row
 
 
 def combine(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -221,20 +253,36 @@ def combine(runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 
 def summary(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per place: autotune's run against the best grid setting and the defaults as the first
+    pass measured them, and (with ``--confirm``) the same settings measured afresh, its
+    choices held fixed; the target is judged on the fresh figures where there are some."""
     out = []
     for where in sorted({r["where"] for r in rows}):
         mine = {r["name"]: r for r in rows if r["where"] == where}
         tuned = mine["autotune"]
         # run-to-run noise: the largest spread between the repeats of one setting
         noise = max(max(r["repeats"]) / min(r["repeats"]) - 1 for r in mine.values())
+        of_best = tuned["of_best_grid"]
+        of_defaults = tuned["steps_per_s"] / mine["defaults"]["steps_per_s"]
+        fresh = {n: r for n, r in mine.items() if n.startswith("confirm: ")}
+        confirmed = None
+        if fresh:
+            best = next(r for n, r in fresh.items() if n.startswith("confirm: grid"))
+            choice = min((r for n, r in fresh.items() if n.startswith("confirm: autotune")),
+                         key=lambda r: r["steps_per_s"])  # the worse of autotune's choices
+            confirmed = dict(best_grid=best["name"][len("confirm: "):],
+                             of_best_grid=choice["steps_per_s"] / best["steps_per_s"],
+                             of_defaults=choice["steps_per_s"]
+                             / fresh["confirm: defaults"]["steps_per_s"])
+        judged = confirmed or dict(of_best_grid=of_best, of_defaults=of_defaults)
         out.append(dict(
-            where=where, autotune_of_best_grid=tuned["of_best_grid"],
-            autotune_of_defaults=tuned["steps_per_s"] / mine["defaults"]["steps_per_s"],
+            where=where, autotune_of_best_grid=of_best, autotune_of_defaults=of_defaults,
+            confirmed=confirmed,
             tuning_steps=tuned["last"]["tuned_at"],
             tuning_seconds=tuned["last"]["tuning_seconds"], chosen=tuned["last"]["final"],
             noise=noise,
-            meets=bool(tuned["of_best_grid"] >= TARGET_OF_BEST and tuned["steps_per_s"]
-                       >= mine["defaults"]["steps_per_s"] * (1 - noise))))
+            meets=bool(judged["of_best_grid"] >= TARGET_OF_BEST
+                       and judged["of_defaults"] >= 1 - noise)))
     return out
 
 
@@ -281,6 +329,9 @@ def main() -> int:
                    help="autotune's steps per sample: one number, or per place (a sample "
                    "needs long enough to measure: about half a second here)")
     p.add_argument("--repeats", type=int, default=2, help="runs of every setting (median)")
+    p.add_argument("--confirm", type=int, default=3,
+                   help="then this many runs each of the best grid setting, autotune's "
+                   "choices (held fixed) and the defaults, in turn (0: none)")
     p.add_argument("--job-timeout", type=float, default=600)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", default=str(REPO / "results" / "bench_autotune" / "bench_autotune"))
@@ -302,9 +353,11 @@ def main() -> int:
     results = summary(rows)
     print()
     print(markdown_table(
-        ["where", "autotune / best grid", "autotune / defaults", "noise", "tuning took",
-         "chosen", "target"],
+        ["where", "autotune / best grid", "autotune / defaults", "measured afresh: choice / "
+         "best grid, choice / defaults", "noise", "tuning took", "chosen", "target"],
         [[s["where"], f"{s['autotune_of_best_grid']:.2f}", f"{s['autotune_of_defaults']:.2f}",
+          (f"{s['confirmed']['of_best_grid']:.2f} ({s['confirmed']['best_grid']}), "
+           f"{s['confirmed']['of_defaults']:.2f}" if s["confirmed"] else "-"),
           f"{s['noise']:.0%}",
           f"{s['tuning_steps']} steps, {s['tuning_seconds']:.1f} s",
           f"{s['chosen']['fusion_threshold'] / MiB:.2f} MiB, "
