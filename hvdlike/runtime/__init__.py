@@ -83,8 +83,8 @@ def init(comm: Any = None, abort_on_exception: Optional[bool] = None) -> None:
     MPI = transport.MPI
     joining = None  # a replacement's part of the elastic recovery has its deadline too
     if comm is None and MPI.Comm.Get_parent() != MPI.COMM_NULL:
-        joining = recovery_deadline.RecoveryDeadline("a rank started in place of the dead",
-                                   recovery_deadline.seconds(os.environ))
+        joining = recovery_deadline.RecoveryDeadline(
+            "a rank started in place of the dead", recovery_deadline.seconds(os.environ))
     try:
         _start(settings, MPI, transport, comm, abort_on_exception)
     finally:
