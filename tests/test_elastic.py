@@ -155,7 +155,7 @@ def test_a_recovery_mpi_does_not_finish_ends_at_its_deadline_saying_where():
     assert re.search(r'File ".*hvdlike/runtime/shrink\.py", line \d+ in _rebuild', where), where
     assert "rank 0 of 3: the elastic recovery" not in job.output  # its part had no deadline yet
     assert "RESULT" not in job.output
-    assert "rank 1 of 3 (pid" not in job.output  # it said why it ended: no "killed or crashed"
+    assert "rank 1 of 3 (pid" not in job.output  # it said why it ended: no "killed, crashed or left"
     found = re.fullmatch(LAST, last_line(job.output))
     assert found and found.group(1) == "2", job.output[-3000:]
 
@@ -201,7 +201,7 @@ def test_horovods_name_for_the_error_catches_a_death_under_ulfm():
 
 
 DIED = (r"^hvdlike: rank (\d+) of (?:\d+) \(pid \d+ on host (\S+)\) ended without hvdlike's "
-        r"shutdown \(t=([\d.]+)\): killed \(kill -9, the OOM killer\) or crashed$")
+        r"shutdown \(t=([\d.]+)\): killed \(kill -9, the OOM killer\), crashed or left by os\._exit$")
 
 
 def first_death(output):
@@ -212,7 +212,7 @@ def first_death(output):
 
 # hvdlikerun's last line from its death watch (hvdlike.runner.death_watch)
 LAST = (r"hvdlikerun: the job failed after rank (\d+) of \d+ \(pid \d+ on host (\S+)\) ended "
-        r"without hvdlike's shutdown: killed \(kill -9, the OOM killer\) or crashed")
+        r"without hvdlike's shutdown: killed \(kill -9, the OOM killer\), crashed or left by os\._exit")
 
 
 def last_line(output):

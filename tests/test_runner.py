@@ -1017,7 +1017,7 @@ def test_the_earliest_death_is_kept_also_when_its_line_comes_in_two_reads():
     from hvdlike.runner.abort_watch import OutputWatch
 
     died = (b"hvdlike: rank 3 of 4 (pid 77 on host b) ended without hvdlike's shutdown "
-            b"(t=100.5): killed (kill -9, the OOM killer) or crashed\n")
+            b"(t=100.5): killed (kill -9, the OOM killer), crashed or left by os._exit\n")
     later = died.replace(b"rank 3", b"rank 1").replace(b"100.5", b"100.7")  # came in first
     read, write = os.pipe()
     watch, sink = OutputWatch(), _Sink()
@@ -1038,7 +1038,7 @@ def test_the_earliest_death_is_kept_also_when_its_line_comes_in_two_reads():
 
 def test_hvdlikerun_repeats_the_dead_rank_as_its_last_line_only_when_the_job_failed():
     died = ("hvdlike: rank 3 of 4 (pid 77 on host b) ended without hvdlike's shutdown "
-            "(t=100.5): killed (kill -9, the OOM killer) or crashed")
+            "(t=100.5): killed (kill -9, the OOM killer), crashed or left by os._exit")
     for status in (1, 0):
         program = f"import sys; print({died!r}, file=sys.stderr); sys.exit({status})"
         p = subprocess.run([sys.executable, "-c",

@@ -8,7 +8,7 @@ the rank writes it when it shuts down (or ends the job itself, saying why), and 
 rank dies instead, the pipe closes unwritten and the shell prints, on the rank's stderr::
 
     hvdlike: rank 3 of 4 (pid 4242 on host b) ended without hvdlike's shutdown
-    (t=1796321765.520265): killed (kill -9, the OOM killer) or crashed
+    (t=1796321765.520265): killed (kill -9, the OOM killer), crashed or left by os._exit
 
 ``t`` is when the shell saw the death, in seconds since 1970 (with bash 5; ``/bin/sh``
 leaves it out). A rank that Open MPI ends after the death (the survivor it aborts on the
@@ -34,7 +34,8 @@ HELLO_BYTES = 512  # the most a rank's first line to the watch may take
 SHUTDOWN = b"shutdown\n"  # what a rank tells the watch before it shuts down
 ENDING = b"ending\n"  # ... before it ends the job itself, having said why
 ENDED = "ended without hvdlike's shutdown"  # said of a rank that died ...
-CAUSE = "killed (kill -9, the OOM killer) or crashed"  # ... and how it can have
+# ... and how it can have
+CAUSE = "killed (kill -9, the OOM killer), crashed or left by os._exit"
 
 # printf (and bash's EPOCHREALTIME) are built into the shell: the line leaves as the pipe
 # closes, before Open MPI, told of the death by a survivor, can end the job (and this shell)
