@@ -97,6 +97,9 @@ class ParameterServerTraining:
         if self.is_server:
             self._shard = self._shards[self.servers.index(self.rank)]
             self._load_checkpoint()
+        if self.checkpoint_dir:  # workers start from what the servers loaded, if anything
+            for server, shard in zip(self.servers, self._shards):
+                broadcast_variables([self.variables[i] for i in shard], root_rank=server)
         self.optimizer = worker_optimizer(optimizer, self)
         self.pulls_in_step = False  # True while the model's train_step is traced or run
 

@@ -319,6 +319,19 @@ def _():
     assert ps.stats["updates"] == STEPS, ps.stats  # loaded, and nothing more applied
 
 
+@check("ps_workers_start_from_the_weights_the_servers_loaded")
+def _():
+    """A custom loop's first gradients come from the workers' own weights, before any pull."""
+    with shared_temp_dir() as folder:
+        first, _ = trained(0, keras.optimizers.Adam(0.01),
+                           total_steps=STEPS * (hvd.size() - NUM_SERVERS), checkpoint_dir=folder)
+        resumed = model_and_data(seed=99)  # other initial weights
+        hvd.ParameterServerTraining(resumed, keras.optimizers.Adam(0.01),
+                                    num_servers=NUM_SERVERS, checkpoint_dir=folder)
+    for a, b in zip(first.get_weights(), resumed.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 @check("ps_bad_arguments_raise_on_every_rank")
 def _():
     for kwargs, text in [({"num_servers": hvd.size()}, "num_servers must lie in"),
