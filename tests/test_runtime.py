@@ -1,6 +1,7 @@
 """init/shutdown, topology, process sets, join, async handles and failure handling."""
 import ast
 import importlib.util
+import os
 import pathlib
 import subprocess
 import sys
@@ -48,6 +49,22 @@ def test_without_mpirun_runs_as_size_one_with_the_same_code():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert out.strip() == "0 1 1 [2.0, 4.0] (2, 1) x 0"
+
+
+def test_another_mpis_launcher_is_an_error_on_every_process_not_a_world_of_one():
+    """MPICH's mpiexec starting this environment's Python, whose mpi4py loads Open MPI: each
+    process would see a world of its own and train alone. Each raises instead, saying why."""
+    from mpi_harness import mpich_prefix
+    mpiexec = f"{mpich_prefix()}/bin/mpiexec"
+    code = "import hvdlike as hvd; hvd.init(); print('TRAINED ALONE', hvd.size())"
+    p = subprocess.run([mpiexec, "-np", "2", sys.executable, "-c", code], capture_output=True,
+                       text=True, timeout=120, cwd=TESTS.parent,
+                       env=dict(os.environ, PYTHONPATH=str(TESTS.parent)))
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "TRAINED ALONE" not in out, out[-3000:]
+    assert out.count("RuntimeError: hvdlike.init: the launcher started 2 processes "
+                     "(PMI_SIZE=2), but the MPI that mpi4py loaded (Open MPI") == 2, out[-3000:]
+    assert "sees a world of 1 here: the launcher is another MPI's" in out
 
 
 def test_import_does_not_load_mpi_or_tensorflow():

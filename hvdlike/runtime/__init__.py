@@ -13,7 +13,7 @@ import numbers
 import os
 import sys
 from types import ModuleType
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 from . import ending, recovery_deadline, session_dirs, sets
 from .abort_notice import AbortNotice
@@ -95,6 +95,7 @@ def init(comm: Any = None, abort_on_exception: Optional[bool] = None) -> None:
 def _start(settings: Settings, MPI: ModuleType, transport: ModuleType, comm: Any,
            abort_on_exception: Optional[bool]) -> None:
     global _state
+    _check_launched_world(MPI, os.environ)
     joined = _join_parents(MPI) if comm is None else None
     if comm is None:
         comm = MPI.COMM_WORLD if joined is None else joined
@@ -168,6 +169,29 @@ def _join_parents(MPI: ModuleType) -> Optional[Any]:
     parents.Free()  # Open MPI crashes in MPI_Finalize while a spawn's communicators live
     ending.finalize_with_deadline_at_exit()
     return merged
+
+
+# what launchers tell each process about the size of the job they started
+_LAUNCHED_SIZE = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")  # Open MPI's; MPICH's and Intel MPI's
+
+
+def _check_launched_world(MPI: ModuleType, env: Mapping[str, str]) -> None:
+    """A launcher that started several processes whose MPI sees a world of one each: the
+    launcher belongs to another MPI than the one mpi4py loaded, and every process would
+    train alone (silently) instead of with the others."""
+    if MPI.COMM_WORLD.Get_size() != 1:
+        return
+    for variable in _LAUNCHED_SIZE:
+        launched = env.get(variable, "")
+        if launched.isdigit() and int(launched) > 1:
+            library = MPI.Get_library_version().strip().splitlines()[0].split(",")[0]
+            raise RuntimeError(
+                f"hvdlike.init: the launcher started {launched} processes ({variable}="
+                f"{launched}), but the MPI that mpi4py loaded ({library}) sees a world of 1 "
+                "here: the launcher is another MPI's, and each process would train alone. "
+                "Start the job with the mpirun of mpi4py's MPI (`hvdlikerun --check-build` "
+                "names it; hvdlikerun uses it), or build mpi4py against your MPI "
+                "(docs/troubleshooting.md).")
 
 
 def _check_same_settings(world: Any, settings: Settings) -> None:
