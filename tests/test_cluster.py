@@ -411,7 +411,9 @@ def _once_more_if_open_mpi_hung(job, relaunch):
 
 
 def _launcher_crashed(job) -> bool:
-    return not job.timed_out and job.returncode != 0 and (
+    """Open MPI's launcher died (a signal) or said it failed; now and then it says so and
+    still exits 0, having lost the second host's output."""
+    return not job.timed_out and (
         job.returncode < 0 or any(line in job.output for line in PRRTE_CRASHED))
 
 

@@ -133,6 +133,10 @@ def _start(settings: Settings, MPI: ModuleType, transport: ModuleType, comm: Any
         node_of_rank=node_of_rank,
     )
     sets.bind_global(size, world)
+    if size > 1 and ending.ulfm():  # every rank alike, whatever its abort_on_exception
+        # before the engine's thread starts its rounds: two threads of a rank in MPI at once
+        # can hang Open MPI over TCP (a job across hosts hung here in 2 of 30 runs)
+        _state.abort_notice = AbortNotice(MPI, world)
     from ..engine.engine import Engine
     _state.engine = Engine(_state, sets.REGISTERED, ending.finalize_with_deadline_at_exit,
                            lambda: ending.end_job(world))
@@ -141,8 +145,6 @@ def _start(settings: Settings, MPI: ModuleType, transport: ModuleType, comm: Any
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered.append(True)
-    if size > 1 and ending.ulfm():  # every rank alike, whatever its abort_on_exception
-        _state.abort_notice = AbortNotice(MPI, world)
     abort = settings.abort_on_exception if abort_on_exception is None else abort_on_exception
     if abort and size > 1:
         ending.install_abort_hook(_state)
