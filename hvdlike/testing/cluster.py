@@ -198,7 +198,10 @@ exec nsenter --net=/run/netns/$ns --uts={self.dir}/$ns.uts -- /bin/sh -c "$*"
                 os.remove(uts)
         if os.path.isdir(self.dir):
             shutil.rmtree(self.dir, ignore_errors=True)
-        for name in self.names:  # what its killed Open MPI daemons left in the shared /tmp
+        self._remove_stale_sessions()
+
+    def _remove_stale_sessions(self) -> None:
+        for name in self.names:  # what killed Open MPI daemons left in the shared /tmp
             session_dirs.remove_stale(os.environ, hostname=name)
 
     def end_leftovers(self) -> List[str]:
@@ -222,8 +225,7 @@ exec nsenter --net=/run/netns/$ns --uts={self.dir}/$ns.uts -- /bin/sh -c "$*"
         while any(os.path.exists(f"/proc/{pid}") for pid in pids) and \
                 time.monotonic() < deadline:
             time.sleep(0.05)
-        for name in self.names:
-            session_dirs.remove_stale(os.environ, hostname=name)
+        self._remove_stale_sessions()
         return killed
 
     def __enter__(self) -> "Cluster":
