@@ -95,12 +95,15 @@ def test_a_member_that_joined_instead_is_named_as_joined():
 
 
 def test_a_rank_whose_engine_stops_answering_ends_the_job():
-    # SIGSTOP stops the whole process, engine thread included: its peers' rounds get no answer
+    # SIGSTOP stops the whole process, engine thread included: its peers' rounds get no answer;
+    # they exit alone a grace past the shutdown time (not before: a round Open MPI holds for a
+    # moment must not pre-empt the shared report)
+    from hvdlike.engine.stall import LONE_EXIT_GRACE
     job, waited = _run(2, "stopped", 1, STALL)
     assert job.returncode != 0
     assert "hvdlike[0]: ERROR: stall shutdown" in job.output
     assert "no answer from some rank" in job.output
-    assert waited <= 3 + 5
+    assert LONE_EXIT_GRACE <= waited <= 3 + LONE_EXIT_GRACE + 5
 
 
 @pytest.mark.parametrize("np_,missing", [(2, 1), (4, 2)])

@@ -14,8 +14,11 @@ waited past the first of the times below, it asks for every rank's row in the ne
 
 A round that gets no answer at all from some rank (its process stopped, or its Python is
 stuck in native code without releasing the GIL, so its engine cannot take part) is reported by
-the exchange itself after the same times; there this rank exits alone, and the MPI launcher
-ends the others.
+the exchange itself: a warning after the check time and, ``LONE_EXIT_GRACE`` seconds past the
+shutdown time, this rank exits alone and the MPI launcher ends the others. The grace keeps the
+shared report first: Open MPI over TCP can hold one rank's round for seconds while the others
+have moved on (seen with the cores oversubscribed, in a job's first rounds), and a lone exit
+then would end the job without the report.
 """
 import os
 import sys
@@ -27,6 +30,7 @@ from ..base.log import logger
 from . import timeline
 
 _MAX_LISTED = 10
+LONE_EXIT_GRACE = 10.0  # seconds past the shutdown time before a round without answer exits
 _UNNAMED = ("requests named 'noname.<k>' were submitted without a name: they pair up by the "
             "order of each rank's unnamed calls on a process set, so a rank that made one "
             "unnamed call more or fewer than the others (or made them from several threads) "
@@ -124,13 +128,13 @@ class StallInspector:
 
     def exchange_waited(self, waited: float, warned: bool) -> bool:
         """A round's exchange has had no answer from some rank for ``waited`` seconds: warn
-        once (returns True once warned), and exit past the shutdown time."""
+        once (returns True once warned), and exit ``LONE_EXIT_GRACE`` past the shutdown time."""
         if not self.enabled:
             return warned
         what = (f"the engine's round has had no answer from some rank for {waited:.0f} s: "
                 "a rank has stopped, is still inside hvdlike.exclusive_mpi(), or its Python is "
                 "stuck in native code that holds the GIL, so its engine cannot take part")
-        if self.shutdown and waited >= self.shutdown:
+        if self.shutdown and waited >= self.shutdown + LONE_EXIT_GRACE:
             exit_now(self.rank, f"stall shutdown (HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS="
                                 f"{self.shutdown:g}): {what}")
         if waited >= self.check and not warned:
