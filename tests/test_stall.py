@@ -39,8 +39,10 @@ def test_a_skipped_collective_ends_every_rank_with_a_message_naming_rank_and_ten
                 ) in lines[0]
         assert f"allreduce {name!r}, which ranks [{missing}] have not submitted" in lines[0]
     for waiting in set(range(np_)) - {missing}:  # the warning came first, once per rank
+        # (a round MPI held past the check time adds a warning without answer: not counted)
         warnings = [line for line in job.output.splitlines()
-                    if line.startswith(f"hvdlike[{waiting}]: WARNING: stalled:")]
+                    if line.startswith(f"hvdlike[{waiting}]: WARNING: stalled:")
+                    and "no answer from some rank" not in line]
         assert len(warnings) == 1 and f"which ranks [{missing}]" in warnings[0]
     assert "RESULT" not in job.output
     assert waited <= 3 + 5, f"ended {waited:.1f} s after the stall began"
