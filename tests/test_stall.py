@@ -105,7 +105,7 @@ def test_a_rank_whose_engine_stops_answering_ends_the_job():
     assert job.returncode != 0
     assert "hvdlike[0]: ERROR: stall shutdown" in job.output
     assert "no answer from some rank" in job.output
-    assert LONE_EXIT_GRACE <= waited <= 3 + LONE_EXIT_GRACE + 5
+    assert waited <= 3 + LONE_EXIT_GRACE + 5
 
 
 @pytest.mark.parametrize("np_,missing", [(2, 1), (4, 2)])
