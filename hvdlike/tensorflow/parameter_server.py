@@ -28,8 +28,6 @@ MPI (Open MPI 5 over TCP can hang when two are); hvdlike's collectives therefore
 ``train``. Non-trainable variables stay on each worker; ``run`` ends by giving every rank the
 servers' weights and worker 0's non-trainable ones.
 """
-import os
-import pickle
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -38,13 +36,10 @@ import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import runtime
-from hvdlike.base.files import write_atomically
-from hvdlike.tensorflow import compat
+from hvdlike.tensorflow import compat, ps_checkpoint
+from hvdlike.tensorflow import ps_messages as msg
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.ps_optimizer import pull_before_each_step, worker_optimizer
-
-_HEADER, _PAYLOAD, _REPLY = 11, 12, 13  # message tags
-_PUSH, _DONE, _PULL = 1, 2, 3  # header kinds
 
 
 class ParameterServerTraining:
@@ -89,6 +84,7 @@ class ParameterServerTraining:
         self._shards = _shard_by_bytes(variables, self.num_servers)
         self._sizes = [int(np.prod(v.shape)) for v in variables]
         self.should_stop = False
+        self._failed_server: Optional[int] = None  # a server that answered a pull FAILED
         self.stats: Dict[str, Any] = {}
         self._server_optimizer = optimizer
         self._comm = st.world.Dup()
@@ -108,17 +104,23 @@ class ParameterServerTraining:
     def run(self, train: Callable[[], Any]) -> Any:
         """Workers call ``train()`` (e.g. ``model.fit``), servers serve until every worker is
         done; then every rank gets the final weights. Collective. Returns ``train()``'s result
-        on workers, None on servers."""
-        result = None
+        on workers, None on servers. Where ``train()`` or a server raises, every rank raises:
+        that rank its own error, the others a ``RuntimeError`` that names it."""
+        result, error = None, None
         with _core.exclusive_mpi():  # pushes and pulls: no engine thread in MPI meanwhile
-            if self.is_server:
-                self.serve()
-            else:
-                try:
-                    with pull_before_each_step(self.model, self):
-                        result = train()
-                finally:
-                    self._send_done()
+            try:
+                if self.is_server:
+                    self.serve()
+                else:
+                    try:
+                        with pull_before_each_step(self.model, self):
+                            result = train()
+                    finally:
+                        self._send_done()
+            except Exception as e:  # the others learn of it below instead of waiting for it
+                error = e
+        msg.raise_on_every_rank(error, error is not None and self._failed_server is None,
+                                self.rank, self.servers, self.num_workers + self.num_servers)
         self._gather_final_weights()
         return result
 
@@ -147,22 +149,24 @@ class ParameterServerTraining:
         for server, shard in zip(self.servers, self._shards):
             payload = np.concatenate([np.asarray(grads[i], np.float32).reshape(-1)
                                       for i in shard]).astype(self._wire, copy=False)
-            header = np.array([_PUSH, 0], np.int64)
-            requests.append(self._comm.Isend(header, dest=server, tag=_HEADER))
-            requests.append(self._comm.Isend(_bytes(payload), dest=server, tag=_PAYLOAD))
+            header = np.array([msg.PUSH, 0], np.int64)
+            requests.append(self._comm.Isend(header, dest=server, tag=msg.HEADER))
+            requests.append(self._comm.Isend(msg.as_bytes(payload), dest=server, tag=msg.PAYLOAD))
         for request in requests:
-            _wait(request)
+            msg.wait(request)
 
     def pull(self) -> List[np.ndarray]:
         """The weights to compute the next gradients on (one array per trainable variable),
         once the staleness bound lets this worker go on."""
-        requests = [self._comm.Isend(np.array([_PULL, 0], np.int64), dest=server, tag=_HEADER)
+        requests = [self._comm.Isend(np.array([msg.PULL, 0], np.int64), dest=server, tag=msg.HEADER)
                     for server in self.servers]
         out: List[Any] = [None] * len(self.variables)
         for server, shard in zip(self.servers, self._shards):
             reply = np.empty(sum(self._sizes[i] for i in shard) + 1, np.float32)
-            _wait(self._comm.Irecv(reply, source=server, tag=_REPLY))
-            if reply[-1]:
+            msg.wait(self._comm.Irecv(reply, source=server, tag=msg.REPLY))
+            if reply[-1] == msg.FAILED:
+                self._failed_server = server
+            elif reply[-1] == msg.STOP:
                 self.should_stop = True
             at = 0
             for i in shard:
@@ -170,11 +174,14 @@ class ParameterServerTraining:
                 at += self._sizes[i]
         for request in requests:
             request.Wait()
+        if self._failed_server is not None:
+            raise RuntimeError(f"ParameterServerTraining: server rank {self._failed_server} "
+                               "failed; this worker stops (run raises its error on every rank)")
         return out
 
     def _send_done(self) -> None:
         for server in self.servers:
-            self._comm.Send(np.array([_DONE, 0], np.int64), dest=server, tag=_HEADER)
+            self._comm.Send(np.array([msg.DONE, 0], np.int64), dest=server, tag=msg.HEADER)
 
     # ------------------------------------------------------------------ servers
 
@@ -200,67 +207,72 @@ class ParameterServerTraining:
         stale = {w: [0, 0] for w in active}
         most_stale = 0
         header = np.empty(2, np.int64)
-        status = _core_mpi().Status()
-        while active:
-            _wait(self._comm.Irecv(header, source=_core_mpi().ANY_SOURCE, tag=_HEADER), status)
-            worker = status.Get_source()
-            if header[0] == _DONE:
-                active.discard(worker)
-            elif header[0] == _PULL:
-                waiting.append(worker)
-            else:
-                self._comm.Recv(_bytes(wire), source=worker, tag=_PAYLOAD)
-                pushes[worker] += 1
-                grad = wire.astype(np.float32, copy=False)  # used before the next receive
-                if self.total_steps is not None and self._pushes_applied >= self.total_steps:
-                    discarded += 1  # its pull is answered "stop"
-                    continue
-                self._pushes_applied += 1
-                behind = version - last_version[worker]
-                stale[worker][0] += behind
-                stale[worker][1] += 1
-                most_stale = max(most_stale, behind)
-                if worker in sent and version != last_version[worker]:
-                    # the weights of the last reply, if nothing was applied since
-                    now = latest if latest_version == version else self._shard_weights()
-                    drift += float(np.linalg.norm(now - sent[worker])
-                                   / max(np.linalg.norm(now), 1e-30))
-                if self.max_staleness == 0:
-                    summed += grad
-                    summed_from.append(worker)
+        status, any_source = _core_mpi().Status(), _core_mpi().ANY_SOURCE
+        try:
+            while active:
+                msg.wait(self._comm.Irecv(header, source=any_source, tag=msg.HEADER), status)
+                worker = status.Get_source()
+                if header[0] == msg.DONE:
+                    active.discard(worker)
+                elif header[0] == msg.PULL:
+                    waiting.append(worker)
                 else:
-                    if self.lookahead:
-                        before = latest if latest_version == version else self._shard_weights()
-                    self._apply(shard_vars, grad)
+                    self._comm.Recv(msg.as_bytes(wire), source=worker, tag=msg.PAYLOAD)
+                    pushes[worker] += 1
+                    grad = wire.astype(np.float32, copy=False)  # used before the next receive
+                    if self.total_steps is not None and self._pushes_applied >= self.total_steps:
+                        discarded += 1  # its pull is answered "stop"
+                        continue
+                    self._pushes_applied += 1
+                    behind = version - last_version[worker]
+                    stale[worker][0] += behind
+                    stale[worker][1] += 1
+                    most_stale = max(most_stale, behind)
+                    if worker in sent and version != last_version[worker]:
+                        # the weights of the last reply, if nothing was applied since
+                        now = latest if latest_version == version else self._shard_weights()
+                        drift += float(np.linalg.norm(now - sent[worker])
+                                       / max(np.linalg.norm(now), 1e-30))
+                    if self.max_staleness == 0:
+                        summed += grad
+                        summed_from.append(worker)
+                    else:
+                        if self.lookahead:
+                            before = latest if latest_version == version else self._shard_weights()
+                        self._apply(shard_vars, grad)
+                        version += 1
+                        applied += 1
+                if self.max_staleness == 0 and summed_from and set(summed_from) >= active:
+                    self._apply(shard_vars, summed / len(summed_from))
                     version += 1
                     applied += 1
-            if self.max_staleness == 0 and summed_from and set(summed_from) >= active:
-                self._apply(shard_vars, summed / len(summed_from))
-                version += 1
-                applied += 1
-                summed_from = []
-                summed[:] = 0
-            if self.checkpoint_dir and applied - saved_at >= self.checkpoint_every:
-                self._save_checkpoint(version)
-                saved_at = applied
-            slowest = min((pushes[w] for w in active), default=0)
-            still = []
-            for w in waiting:
-                if (self.max_staleness is None or w not in active
-                        or pushes[w] - slowest <= self.max_staleness):
-                    last_version[w] = version
-                    if w in active:
-                        lead = max(lead, pushes[w] - slowest)
-                    stop = (self.total_steps is not None
-                            and self._pushes_applied >= self.total_steps)
-                    # expected staleness of its next push: its pushes' mean so far
-                    ahead = (stale[w][0] / stale[w][1]
-                             if self.lookahead and before.size and stale[w][1] else 0.0)
-                    latest, sent[w] = self._reply(w, stop, before, ahead)
-                    latest_version = version
-                else:
-                    still.append(w)
-            waiting = still
+                    summed_from = []
+                    summed[:] = 0
+                if self.checkpoint_dir and applied - saved_at >= self.checkpoint_every:
+                    self._save_checkpoint(version)
+                    saved_at = applied
+                slowest = min((pushes[w] for w in active), default=0)
+                still = []
+                for w in waiting:
+                    if (self.max_staleness is None or w not in active
+                            or pushes[w] - slowest <= self.max_staleness):
+                        last_version[w] = version
+                        if w in active:
+                            lead = max(lead, pushes[w] - slowest)
+                        stop = (self.total_steps is not None
+                                and self._pushes_applied >= self.total_steps)
+                        # expected staleness of its next push: its pushes' mean so far
+                        ahead = (stale[w][0] / stale[w][1]
+                                 if self.lookahead and before.size and stale[w][1] else 0.0)
+                        latest, sent[w] = self._reply(w, stop, before, ahead)
+                        latest_version = version
+                    else:
+                        still.append(w)
+                waiting = still
+        except Exception:  # no worker may wait for this server forever
+            msg.answer_failed_until_done(self._comm, any_source, status, active, waiting, n,
+                                     wire.nbytes)
+            raise
         counted = sum(n for _, n in stale.values())
         self.stats = {"updates": version, "pushes": pushes, "discarded": discarded,
                       "mean_staleness": (sum(total for total, _ in stale.values()) / counted
@@ -297,8 +309,8 @@ class ParameterServerTraining:
         if ahead:
             now = now.copy()
             message[:-1] += ahead * (now - before)
-        message[-1] = 1.0 if stop else 0.0
-        self._comm.Send(message, dest=worker, tag=_REPLY)
+        message[-1] = msg.STOP if stop else msg.GO
+        self._comm.Send(message, dest=worker, tag=msg.REPLY)
         return now, message[:-1]
 
     def _apply(self, shard_vars: List[Any], flat: np.ndarray) -> None:
@@ -318,30 +330,23 @@ class ParameterServerTraining:
             at += self._sizes[i]
         self._apply_fn(grads)
 
-    def _checkpoint_path(self) -> str:
-        index = self.servers.index(self.rank)
-        return os.path.join(self.checkpoint_dir or "", f"ps_shard{index}_of{self.num_servers}.pkl")
+    def _checkpoint_file(self) -> str:
+        return ps_checkpoint.path(self.checkpoint_dir or "", self.servers.index(self.rank),
+                                  self.num_servers)
 
     def _save_checkpoint(self, version: int) -> None:
-        snapshot = {"weights": [self.variables[i].numpy() for i in self._shard],
-                    "optimizer": [v.numpy() for v in _variables_of(self._server_optimizer)],
-                    "updates": version, "pushes_applied": self._pushes_applied}
-        write_atomically(self._checkpoint_path(), snapshot)
+        ps_checkpoint.save(self._checkpoint_file(), [self.variables[i] for i in self._shard],
+                           self._server_optimizer, version, self._pushes_applied)
 
     def _load_checkpoint(self) -> None:
-        if not self.checkpoint_dir or not os.path.exists(self._checkpoint_path()):
+        if not self.checkpoint_dir:
             return
-        with open(self._checkpoint_path(), "rb") as f:
-            snapshot = pickle.load(f)  # written by this job's server (docs/security.md)
-        shard_vars = [self.variables[i] for i in self._shard]
-        for v, value in zip(shard_vars, snapshot["weights"]):
-            v.assign(value)
-        if snapshot["optimizer"]:
-            self._server_optimizer.build(shard_vars)
-            for v, value in zip(_variables_of(self._server_optimizer), snapshot["optimizer"]):
-                v.assign(value)
-        self.stats["updates"] = snapshot["updates"]
-        self._pushes_applied = snapshot["pushes_applied"]
+        counts = ps_checkpoint.load(self._checkpoint_file(),
+                                    [self.variables[i] for i in self._shard],
+                                    self._server_optimizer)
+        if counts:
+            self.stats["updates"] = counts["updates"]
+            self._pushes_applied = counts["pushes_applied"]
 
     # ------------------------------------------------------------------ the end
 
@@ -360,27 +365,6 @@ class ParameterServerTraining:
 
 def _core_mpi() -> Any:
     return runtime.state().mpi
-
-
-def _wait(request: Any, status: Any = None) -> None:
-    """Wait for ``request``, sleeping rather than spinning after the first 50 µs: a server
-    and its workers often share cores, and MPI's blocking receive polls a whole core. Sleeps
-    grow to at most 250 µs, which a reply or push waits at worst past its arrival."""
-    start = time.perf_counter()
-    sleep = 20e-6
-    while not request.Test(status):
-        if time.perf_counter() - start > 50e-6:
-            time.sleep(sleep)
-            sleep = min(2 * sleep, 250e-6)
-
-
-def _bytes(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1).view(np.uint8)
-
-
-def _variables_of(optimizer: Any) -> List[Any]:
-    variables = optimizer.variables
-    return list(variables() if callable(variables) else variables)
 
 
 def _shard_by_bytes(variables: List[Any], num_servers: int) -> List[List[int]]:

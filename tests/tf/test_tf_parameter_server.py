@@ -20,7 +20,8 @@ CHECKS = ["ps_staleness_0_equals_one_process_with_the_global_batch",
           "ps_fp16_compressed_pushes_stay_close_to_uncompressed",
           "ps_checkpoints_from_the_servers_resume_without_more_updates",
           "ps_workers_start_from_the_weights_the_servers_loaded",
-          "ps_bad_arguments_raise_on_every_rank"]
+          "ps_bad_arguments_raise_on_every_rank",
+          "ps_an_error_in_train_or_on_a_server_ends_run_with_an_error_on_every_rank"]
 # Keras 3 with one server is left out: its sharding is tf_keras's with one server (the same
 # code), its Keras 3 handling the 2-server job's (and compare_async's test runs it, 1 + 2)
 CONFIGS = {"np4_2servers": (4, "2", "0"), "np3_tf_keras": (3, "1", "1")}

@@ -1,6 +1,7 @@
 """hvdlike's asynchronous parameter-server training (ParameterServerTraining), at np=3
 (1 server + 2 workers) and np=4 (NUM_SERVERS from argv: 1 + 3, or 2 + 2: shards on two
 servers). Keras ``fit`` and a custom ``tf.function`` loop; Keras 3 or tf_keras."""
+import os
 import sys
 
 from common import assert_close, check, close, hvd, np, say, shared_temp_dir, tf  # noqa: F401
@@ -342,6 +343,63 @@ def _():
             assert text in str(e), e
         else:
             raise AssertionError("no error")
+
+
+def raised(call):
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 (the check looks at what each rank raised)
+        return e
+    raise AssertionError(f"rank {hvd.rank()}: run did not raise")
+
+
+@check("ps_an_error_in_train_or_on_a_server_ends_run_with_an_error_on_every_rank")
+def _():
+    """Worker 1's train raising: worker 1 raises its error, every other rank a RuntimeError
+    naming it. Servers that cannot write their checkpoint: the first raises its OSError, and
+    every other rank (workers waiting for its replies among them) an error naming it. Then the
+    ranks go on together."""
+    first_server = hvd.size() - NUM_SERVERS
+    m = model_and_data()
+    ps = hvd.ParameterServerTraining(m, keras.optimizers.SGD(0.1), num_servers=NUM_SERVERS)
+    m.compile(optimizer=ps.optimizer, loss="mse")
+
+    def broken_input():
+        if ps.worker_index == 1:
+            raise ValueError("worker 1's input is broken")
+        x, y = shard(ps.worker_index)
+        return m.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+
+    e = raised(lambda: ps.run(broken_input))
+    if hvd.rank() == 1:
+        assert type(e) is ValueError and "worker 1's input is broken" in str(e), repr(e)
+    else:
+        assert type(e) is RuntimeError, repr(e)
+        assert "worker 1 (rank 1) raised ValueError: worker 1's input is broken" in str(e), e
+
+    with shared_temp_dir() as folder:
+        a_file = os.path.join(folder, "a_file")
+        if hvd.rank() == 0:
+            open(a_file, "w").close()
+        hvd.barrier()
+        m = model_and_data()
+        ps = hvd.ParameterServerTraining(m, keras.optimizers.SGD(0.1), num_servers=NUM_SERVERS,
+                                         checkpoint_dir=os.path.join(a_file, "checkpoints"),
+                                         checkpoint_every=2)
+        m.compile(optimizer=ps.optimizer, loss="mse")
+
+        def train():
+            x, y = shard(ps.worker_index)
+            return m.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+
+        e = raised(lambda: ps.run(train))
+    if hvd.rank() == first_server:
+        assert type(e) is NotADirectoryError, repr(e)
+    else:
+        assert type(e) is RuntimeError, repr(e)
+        assert f"server 0 (rank {first_server}) raised NotADirectoryError" in str(e), e
+    after = hvd.allreduce(np.ones(2), op=hvd.Sum, name="ps_after_the_errors")
+    np.testing.assert_array_equal(after, [hvd.size()] * 2)
 
 
 close()
