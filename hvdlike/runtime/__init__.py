@@ -13,7 +13,7 @@ import numbers
 import os
 import sys
 from types import ModuleType
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from . import ending, recovery_deadline, session_dirs, sets
 from .abort_notice import AbortNotice
@@ -177,23 +177,42 @@ def _join_parents(MPI: ModuleType) -> Optional[Any]:
 _LAUNCHED_SIZE = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")  # Open MPI's; MPICH's and Intel MPI's
 
 
+def _launched_size(env: Mapping[str, str]) -> Tuple[str, int]:
+    """The variable that says how many processes the launcher started, and that number
+    (``("", 1)`` where none says). An MPI launcher's variable wins; Slurm's
+    ``SLURM_STEP_NUM_TASKS`` counts only for a process ``srun`` started itself
+    (``SLURM_TASK_PID``): the ranks of an ``mpirun`` inside an allocation inherit the step
+    of its daemons."""
+    for variable in _LAUNCHED_SIZE:
+        value = env.get(variable, "")
+        if value.isdigit():
+            return variable, int(value)
+    value = env.get("SLURM_STEP_NUM_TASKS", "")
+    if value.isdigit() and env.get("SLURM_TASK_PID") == str(os.getpid()):
+        return "SLURM_STEP_NUM_TASKS", int(value)
+    return "", 1
+
+
 def _check_launched_world(MPI: ModuleType, env: Mapping[str, str]) -> None:
     """A launcher that started several processes whose MPI sees a world of one each: the
-    launcher belongs to another MPI than the one mpi4py loaded, and every process would
-    train alone (silently) instead of with the others."""
+    launcher belongs to another MPI than the one mpi4py loaded (or ``srun`` connected no MPI
+    to its tasks), and every process would train alone (silently) instead of with the
+    others."""
     if MPI.COMM_WORLD.Get_size() != 1:
         return
-    for variable in _LAUNCHED_SIZE:
-        launched = env.get(variable, "")
-        if launched.isdigit() and int(launched) > 1:
-            library = MPI.Get_library_version().strip().splitlines()[0].split(",")[0]
-            raise RuntimeError(
-                f"hvdlike.init: the launcher started {launched} processes ({variable}="
-                f"{launched}), but the MPI that mpi4py loaded ({library}) sees a world of 1 "
-                "here: the launcher is another MPI's, and each process would train alone. "
-                "Start the job with the mpirun of mpi4py's MPI (`hvdlikerun --check-build` "
-                "names it; hvdlikerun uses it), or build mpi4py against your MPI "
-                "(docs/troubleshooting.md).")
+    variable, launched = _launched_size(env)
+    if launched > 1:
+        library = MPI.Get_library_version().strip().splitlines()[0].split(",")[0]
+        where = ("srun started its tasks without a PMI plugin this MPI reads (srun "
+                 "--mpi=pmix for Open MPI, --mpi=pmi2 for MPICH; `srun --mpi=list`)"
+                 if variable.startswith("SLURM") else "the launcher is another MPI's")
+        raise RuntimeError(
+            f"hvdlike.init: the launcher started {launched} processes ({variable}="
+            f"{launched}), but the MPI that mpi4py loaded ({library}) sees a world of 1 "
+            f"here: {where}, and each process would train alone. "
+            "Start the job with the mpirun of mpi4py's MPI (`hvdlikerun --check-build` "
+            "names it; hvdlikerun uses it, and picks srun's plugin), or build mpi4py against "
+            "your MPI (docs/troubleshooting.md).")
 
 
 def _check_same_settings(world: Any, settings: Settings) -> None:
