@@ -92,8 +92,16 @@ class ParameterServerTraining:
         broadcast_variables(model.variables, root_rank=0)
         if self.is_server:
             self._shard = self._shards[self.servers.index(self.rank)]
-            self._load_checkpoint()
         if self.checkpoint_dir:  # workers start from what the servers loaded, if anything
+            error = None
+            try:
+                if self.is_server:
+                    ps_checkpoint.check_writable(self.checkpoint_dir, self.rank)
+                    self._load_checkpoint()
+            except Exception as e:  # every rank raises, not only this server
+                error = e
+            msg.raise_on_every_rank(error, error is not None, self.rank, self.servers, size,
+                                    where="ParameterServerTraining", others=ValueError)
             for server, shard in zip(self.servers, self._shards):
                 broadcast_variables([self.variables[i] for i in shard], root_rank=server)
         self.optimizer = worker_optimizer(optimizer, self)
@@ -120,7 +128,8 @@ class ParameterServerTraining:
             except Exception as e:  # the others learn of it below instead of waiting for it
                 error = e
         msg.raise_on_every_rank(error, error is not None and self._failed_server is None,
-                                self.rank, self.servers, self.num_workers + self.num_servers)
+                                self.rank, self.servers, self.num_workers + self.num_servers,
+                                where="ParameterServerTraining.run", others=RuntimeError)
         self._gather_final_weights()
         return result
 
@@ -339,8 +348,6 @@ class ParameterServerTraining:
                            self._server_optimizer, version, self._pushes_applied)
 
     def _load_checkpoint(self) -> None:
-        if not self.checkpoint_dir:
-            return
         counts = ps_checkpoint.load(self._checkpoint_file(),
                                     [self.variables[i] for i in self._shard],
                                     self._server_optimizer)

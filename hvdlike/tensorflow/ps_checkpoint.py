@@ -2,6 +2,7 @@
 counts, one file per server in ``checkpoint_dir``, written atomically."""
 import os
 import pickle
+import tempfile
 from typing import Any, Dict, List, Optional
 
 from hvdlike.base.files import write_atomically
@@ -9,6 +10,19 @@ from hvdlike.base.files import write_atomically
 
 def path(checkpoint_dir: str, server_index: int, num_servers: int) -> str:
     return os.path.join(checkpoint_dir, f"ps_shard{server_index}_of{num_servers}.pkl")
+
+
+def check_writable(checkpoint_dir: str, rank: int) -> None:
+    """Raise a ValueError saying what to do unless this server can write ``checkpoint_dir``
+    (made if missing)."""
+    try:
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=checkpoint_dir):
+            pass
+    except OSError as e:
+        raise ValueError(f"ParameterServerTraining: server rank {rank} cannot write "
+                         f"checkpoint_dir {checkpoint_dir!r} ({e}); pass a folder that every "
+                         "server can create and write") from e
 
 
 def save(file: str, shard_vars: List[Any], optimizer: Any, updates: int,

@@ -3,7 +3,7 @@ the end of a pull's reply, waiting without spinning), and how a failure on one r
 ``run`` on every rank: a failed server answers until its workers are done, then every rank
 learns who failed first."""
 import time
-from typing import Any, Iterable, List, Optional, Set
+from typing import Any, Iterable, List, Optional, Set, Type
 
 import numpy as np
 
@@ -53,12 +53,12 @@ def answer_failed_until_done(comm: Any, any_source: int, status: Any, active: Se
 
 
 def raise_on_every_rank(error: Optional[Exception], own: bool, rank: int, servers: List[int],
-                        size: int) -> None:
-    """Collective, at the end of ``run``: raise on every rank if any raised. The lowest rank
-    whose ``error`` was its ``own`` (not a worker stopped by a failed server) raises it; the
-    others raise a ``RuntimeError`` naming that rank and its error."""
+                        size: int, where: str, others: Type[Exception]) -> None:
+    """Collective: raise on every rank if any raised. The lowest rank whose ``error`` was its
+    ``own`` (not a worker stopped by a failed server) raises it; the others raise ``others``,
+    naming that rank and its error."""
     first = int(_core.allreduce(np.array([rank if own else size], np.int64), op=_core.Min,
-                                name="ParameterServerTraining.failed")[0])
+                                name=f"{where}.failed")[0])
     if first == size:
         if error is not None:
             raise error
@@ -68,6 +68,5 @@ def raise_on_every_rank(error: Optional[Exception], own: bool, rank: int, server
     if rank == first and error is not None:
         raise error
     role = f"server {servers.index(first)}" if first in servers else f"worker {first}"
-    raise RuntimeError(f"ParameterServerTraining.run: {role} (rank {first}) raised {what}; "
-                       "run ends with an error on every rank (that rank's traceback says "
-                       "where)") from error
+    raise others(f"{where}: {role} (rank {first}) raised {what}; it raises on every rank "
+                 "(that rank's traceback says where)") from error

@@ -356,9 +356,10 @@ def raised(call):
 @check("ps_an_error_in_train_or_on_a_server_ends_run_with_an_error_on_every_rank")
 def _():
     """Worker 1's train raising: worker 1 raises its error, every other rank a RuntimeError
-    naming it. Servers that cannot write their checkpoint: the first raises its OSError, and
-    every other rank (workers waiting for its replies among them) an error naming it. Then the
-    ranks go on together."""
+    naming it. A checkpoint_dir the servers cannot write: a ValueError on every rank at once;
+    one that goes away after it: the first server raises its OSError at its first checkpoint,
+    every other rank (workers waiting for its replies among them) an error naming it. Then
+    the ranks go on together."""
     first_server = hvd.size() - NUM_SERVERS
     m = model_and_data()
     ps = hvd.ParameterServerTraining(m, keras.optimizers.SGD(0.1), num_servers=NUM_SERVERS)
@@ -382,11 +383,23 @@ def _():
         if hvd.rank() == 0:
             open(a_file, "w").close()
         hvd.barrier()
+        e = raised(lambda: hvd.ParameterServerTraining(
+            model_and_data(), keras.optimizers.SGD(0.1), num_servers=NUM_SERVERS,
+            checkpoint_dir=os.path.join(a_file, "checkpoints")))
+        assert type(e) is ValueError, repr(e)
+        assert (f"server rank {first_server} cannot write checkpoint_dir "
+                f"'{a_file}/checkpoints'") in str(e), e
+
         m = model_and_data()
+        checkpoints = os.path.join(folder, "checkpoints")
         ps = hvd.ParameterServerTraining(m, keras.optimizers.SGD(0.1), num_servers=NUM_SERVERS,
-                                         checkpoint_dir=os.path.join(a_file, "checkpoints"),
-                                         checkpoint_every=2)
+                                         checkpoint_dir=checkpoints, checkpoint_every=2)
         m.compile(optimizer=ps.optimizer, loss="mse")
+        hvd.barrier()
+        if hvd.rank() == 0:  # the folder goes away: the servers' first checkpoint fails
+            os.rmdir(checkpoints)
+            open(checkpoints, "w").close()
+        hvd.barrier()
 
         def train():
             x, y = shard(ps.worker_index)
@@ -394,10 +407,10 @@ def _():
 
         e = raised(lambda: ps.run(train))
     if hvd.rank() == first_server:
-        assert type(e) is NotADirectoryError, repr(e)
+        assert isinstance(e, OSError), repr(e)
     else:
         assert type(e) is RuntimeError, repr(e)
-        assert f"server 0 (rank {first_server}) raised NotADirectoryError" in str(e), e
+        assert f"server 0 (rank {first_server}) raised " in str(e), e
     after = hvd.allreduce(np.ones(2), op=hvd.Sum, name="ps_after_the_errors")
     np.testing.assert_array_equal(after, [hvd.size()] * 2)
 
