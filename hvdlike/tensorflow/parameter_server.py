@@ -40,6 +40,7 @@ from hvdlike.tensorflow import compat, ps_checkpoint
 from hvdlike.tensorflow import ps_messages as msg
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.ps_optimizer import pull_before_each_step, worker_optimizer
+from hvdlike.tensorflow.ps_progress import WorkerProgress
 
 
 class ParameterServerTraining:
@@ -199,9 +200,10 @@ class ParameterServerTraining:
         shard_vars = [self.variables[i] for i in self._shard]
         n = sum(self._sizes[i] for i in self._shard)
         wire = np.empty(n, self._wire)
-        active = set(range(self.num_workers))
-        pushes = {w: 0 for w in active}
-        waiting: List[int] = []  # workers whose pull the staleness bound holds back
+        progress = WorkerProgress(self.num_workers)
+        active, pushes = progress.active, progress.pushes
+        held: List[int] = []  # workers whose pull the staleness bound holds back
+        held_at = 0  # the slowest worker's pushes when ``held`` was last looked at
         summed, summed_from = np.zeros(n, np.float32), []  # max_staleness=0: this step's
         drift, applied, discarded, start = 0.0, 0, 0, time.perf_counter()  # drift: a sum
         sent: Dict[int, np.ndarray] = {}  # the weights each worker got last
@@ -217,17 +219,19 @@ class ParameterServerTraining:
         most_stale = 0
         header = np.empty(2, np.int64)
         status, any_source = _core_mpi().Status(), _core_mpi().ANY_SOURCE
+        pulls: List[int] = []  # this message's pulls to answer now, or hold
         try:
             while active:
                 msg.wait(self._comm.Irecv(header, source=any_source, tag=msg.HEADER), status)
                 worker = status.Get_source()
+                pulls = []
                 if header[0] == msg.DONE:
-                    active.discard(worker)
+                    progress.done(worker)
                 elif header[0] == msg.PULL:
-                    waiting.append(worker)
+                    pulls.append(worker)
                 else:
                     self._comm.Recv(msg.as_bytes(wire), source=worker, tag=msg.PAYLOAD)
-                    pushes[worker] += 1
+                    progress.pushed(worker)
                     grad = wire.astype(np.float32, copy=False)  # used before the next receive
                     if self.total_steps is not None and self._pushes_applied >= self.total_steps:
                         discarded += 1  # its pull is answered "stop"
@@ -245,29 +249,31 @@ class ParameterServerTraining:
                     if self.max_staleness == 0:
                         summed += grad
                         summed_from.append(worker)
+                        progress.summed(worker)
                     else:
                         if self.lookahead:
                             before = latest if latest_version == version else self._shard_weights()
                         self._apply(shard_vars, grad)
                         version += 1
                         applied += 1
-                if self.max_staleness == 0 and summed_from and set(summed_from) >= active:
+                if self.max_staleness == 0 and summed_from and not progress.step_waits_for:
                     self._apply(shard_vars, summed / len(summed_from))
                     version += 1
                     applied += 1
                     summed_from = []
                     summed[:] = 0
+                    progress.next_step()
                 if self.checkpoint_dir and applied - saved_at >= self.checkpoint_every:
                     self._save_checkpoint(version)
                     saved_at = applied
-                slowest = min((pushes[w] for w in active), default=0)
-                still = []
-                for w in waiting:
-                    if (self.max_staleness is None or w not in active
-                            or pushes[w] - slowest <= self.max_staleness):
+                slowest = progress.slowest
+                if held and slowest != held_at:  # the bound may let held pulls go now
+                    pulls, held = held + pulls, []
+                held_at = slowest
+                for w in pulls:
+                    if self.max_staleness is None or pushes[w] - slowest <= self.max_staleness:
                         last_version[w] = version
-                        if w in active:
-                            lead = max(lead, pushes[w] - slowest)
+                        lead = max(lead, pushes[w] - slowest)
                         stop = (self.total_steps is not None
                                 and self._pushes_applied >= self.total_steps)
                         # expected staleness of its next push: its pushes' mean so far
@@ -276,14 +282,13 @@ class ParameterServerTraining:
                         latest, sent[w] = self._reply(w, stop, before, ahead)
                         latest_version = version
                     else:
-                        still.append(w)
-                waiting = still
+                        held.append(w)
         except Exception:  # no worker may wait for this server forever
-            msg.answer_failed_until_done(self._comm, any_source, status, active, waiting, n,
-                                     wire.nbytes)
+            msg.answer_failed_until_done(self._comm, any_source, status, active,
+                                         held + pulls, n, wire.nbytes)
             raise
         counted = sum(n for _, n in stale.values())
-        self.stats = {"updates": version, "pushes": pushes, "discarded": discarded,
+        self.stats = {"updates": version, "pushes": dict(enumerate(pushes)), "discarded": discarded,
                       "mean_staleness": (sum(total for total, _ in stale.values()) / counted
                                          if counted else 0.0),
                       "max_staleness": most_stale,

@@ -72,3 +72,35 @@ def test_compare_async_writes_every_mode_with_its_figures(tmp_path):
         assert r["examples_per_s"] > 0 and 0 <= r["final_accuracy"] <= 1, r
         assert r["examples"] >= 512 - 2 * 32, r
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_a_servers_view_of_worker_progress_matches_recounting_it_after_every_message():
+    """WorkerProgress (O(1) per message) against the plain recount over every worker, for
+    random pushes, step sums and ends of 1 to 64 workers."""
+    import random
+    from hvdlike.tensorflow.ps_progress import WorkerProgress
+    rng = random.Random(7)
+    for trial in range(300):
+        workers = rng.choice([1, 2, 3, 8, 64])
+        p = WorkerProgress(workers)
+        pushes, active, summed = [0] * workers, set(range(workers)), set()
+        for _ in range(rng.randrange(1, 400)):
+            if not active:
+                break
+            w = rng.choice(sorted(active))
+            event = rng.random()
+            if event < 0.05:
+                p.done(w)
+                active.discard(w)
+            else:
+                p.pushed(w)
+                pushes[w] += 1
+                if event < 0.6:
+                    p.summed(w)
+                    summed.add(w)
+            if summed and summed >= active and rng.random() < 0.5:
+                p.next_step()
+                summed = set()
+            assert p.pushes == pushes and p.active == active, trial
+            assert p.slowest == min((pushes[v] for v in active), default=0), trial
+            assert p.step_waits_for == active - summed, trial
