@@ -350,7 +350,7 @@ def raised(call):
         call()
     except Exception as e:  # noqa: BLE001 (the check looks at what each rank raised)
         return e
-    raise AssertionError(f"rank {hvd.rank()}: run did not raise")
+    raise AssertionError(f"rank {hvd.rank()}: no error")
 
 
 @check("ps_an_error_in_train_or_on_a_server_ends_run_with_an_error_on_every_rank")
