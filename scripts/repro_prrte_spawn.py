@@ -10,10 +10,12 @@ see the failure, revoke and shrink the world, spawn one new process (``MPI_Comm_
 merge with it and all-reduce once more; all four print ``RESULT`` and finalize. For
 comparison the same jobs run with all four ranks on the first host. A job counts as:
 
-- ``ok``: status 0 and four correct results;
+- ``ok``: status 0 and four correct results, and prterun said nothing of its own failures;
+- ``ok, launcher failed at the end``: status 0 and four correct results, but prterun printed
+  one of its own failures (``PMIX_ERROR ... pmix_server_dyn.c``, "A daemon failed to report
+  back", "PRTE has lost communication with a remote daemon");
 - ``launcher died``: prterun ended on a signal (heap corruption such as ``free(): invalid
-  pointer``), or printed one of its own failures (``PMIX_ERROR ... pmix_server_dyn.c``,
-  "A daemon failed to report back", "PRTE has lost communication with a remote daemon");
+  pointer``), or printed one of its failures and the job did not end well;
 - ``other``: any other failure, ``hung``: still running after ``--timeout`` s (killed; the
   JSON's example says how many results had been printed by then).
 
@@ -70,16 +72,18 @@ def rank_main() -> None:
 
 def outcome(status: int, output: str) -> str:
     results = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    said_failed = any(words in output for words in LAUNCHER_FAILED)
     if status == 0 and len(results) == 4 and all("size=4 sum=6" in r for r in results):
-        return "ok"
-    if status < 0 or any(words in output for words in LAUNCHER_FAILED):
+        return "ok, launcher failed at the end" if said_failed else "ok"
+    if status < 0 or said_failed:
         return "launcher died"
     return "other"
 
 
 def run_jobs(argv: Sequence[str], env: Dict[str, str], runs: int, timeout: float,
              where: str) -> Dict[str, object]:
-    counts = {"ok": 0, "launcher died": 0, "other": 0, "hung": 0}
+    counts = {"ok": 0, "ok, launcher failed at the end": 0, "launcher died": 0, "other": 0,
+              "hung": 0}
     examples: Dict[str, str] = {}
     for i in range(runs):
         try:
@@ -117,10 +121,11 @@ def main() -> None:
             argv = cluster.command_on(0, cluster.mpirun_argv(mpirun, slots, program,
                                                              ["--with-ft", "ulfm"]))
             rows.append(run_jobs(argv, env, args.runs, args.timeout, where))
-    print(f"\n{'where':20s} {'runs':>5s} {'ok':>5s} {'launcher died':>14s} {'other':>6s} "
-          f"{'hung':>5s}")
+    print(f"\n{'where':20s} {'runs':>5s} {'ok':>5s} {'ok, failed at the end':>22s} "
+          f"{'launcher died':>14s} {'other':>6s} {'hung':>5s}")
     for r in rows:
-        print(f"{r['where']:20s} {r['runs']:5d} {r['ok']:5d} {r['launcher died']:14d} "
+        print(f"{r['where']:20s} {r['runs']:5d} {r['ok']:5d} "
+              f"{r['ok, launcher failed at the end']:22d} {r['launcher died']:14d} "
               f"{r['other']:6d} {r['hung']:5d}")
     out = REPO / "results" / "repro_prrte_spawn.json"
     out.parent.mkdir(exist_ok=True)

@@ -2,7 +2,8 @@
 
 ``python elastic_cases.py MODE VICTIM KILL_STEP STEPS``: every rank trains a vector ``w``
 with averaged gradients that depend only on (rank, size, step), commits after every step,
-and prints ``RESULT`` with its final state. ``VICTIM`` kills itself with SIGKILL at
+and prints ``RESULT`` with its final state (and writes it to
+``$HVDLIKE_TEST_RESULT_DIR/rank<r>.json`` where that is set). ``VICTIM`` kills itself with SIGKILL at
 ``KILL_STEP`` (in the first world, and in the first run when restarted; never in a world
 that replaced dead ranks under ``hvdlikerun --max-np``):
 
@@ -109,9 +110,15 @@ def main() -> None:
             return
     else:
         hvd.elastic.run(train)(state)
-    print("RESULT " + json.dumps({"rank": hvd.rank(), "size": hvd.size(), "w": state.w.tolist(),
-                                  "sizes": state.sizes, "resets": resets}) + "\n", end="",
-          flush=True)
+    result = json.dumps({"rank": hvd.rank(), "size": hvd.size(), "w": state.w.tolist(),
+                         "sizes": state.sizes, "resets": resets})
+    print("RESULT " + result + "\n", end="", flush=True)
+    folder = os.environ.get("HVDLIKE_TEST_RESULT_DIR")
+    if folder:  # also a file: Open MPI can lose a second host's last output (test_cluster)
+        path = os.path.join(folder, f"rank{hvd.rank()}.json")
+        with open(path + ".tmp", "w") as f:
+            f.write(result)
+        os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":
