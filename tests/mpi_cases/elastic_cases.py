@@ -3,9 +3,9 @@
 ``python elastic_cases.py MODE VICTIM KILL_STEP STEPS``: every rank trains a vector ``w``
 with averaged gradients that depend only on (rank, size, step), commits after every step,
 and prints ``RESULT`` with its final state (and writes it to
-``$HVDLIKE_TEST_RESULT_DIR/rank<r>.json`` where that is set). ``VICTIM`` kills itself with SIGKILL at
-``KILL_STEP`` (in the first world, and in the first run when restarted; never in a world
-that replaced dead ranks under ``hvdlikerun --max-np``):
+``$HVDLIKE_TEST_RESULT_DIR/rank<r>.json`` where that is set). ``VICTIM`` kills itself with
+SIGKILL at ``KILL_STEP`` (in the first world, and in the first run when restarted; never in a
+world that replaced dead ranks under ``hvdlikerun --max-np``):
 
 - ``before``: before submitting that step's all-reduce;
 - ``during``: right after submitting it (the others may be inside the transfer);
