@@ -20,7 +20,8 @@ synchronous, equal to ``DistributedOptimizer``); ``lookahead`` sends each pull t
 moved on along the last update by the worker's mean staleness, about where they will be when
 its push is applied; ``total_steps`` ends training after that many applied pushes;
 ``compression`` narrows the pushes; ``checkpoint_dir`` keeps the servers' shards and
-optimizer state. docs/parameter_server.md says how each behaves, with the figures.
+optimizer state. docs/parameter_server.md says how each behaves, with the figures. A
+server's loop is ``ps_server.Server``.
 
 Transport: MPI point-to-point on a communicator of its own, inside
 ``hvdlike.exclusive_mpi()``, so that the training thread is the only one of its process in
@@ -28,8 +29,7 @@ MPI (Open MPI 5 over TCP can hang when two are); hvdlike's collectives therefore
 ``train``. Non-trainable variables stay on each worker; ``run`` ends by giving every rank the
 servers' weights and worker 0's non-trainable ones.
 """
-import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -40,7 +40,7 @@ from hvdlike.tensorflow import compat, ps_checkpoint
 from hvdlike.tensorflow import ps_messages as msg
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.ps_optimizer import pull_before_each_step, worker_optimizer
-from hvdlike.tensorflow.ps_progress import WorkerProgress
+from hvdlike.tensorflow.ps_server import Server
 
 
 class ParameterServerTraining:
@@ -87,18 +87,23 @@ class ParameterServerTraining:
         self.should_stop = False
         self._failed_server: Optional[int] = None  # a server that answered a pull FAILED
         self.stats: Dict[str, Any] = {}
-        self._server_optimizer = optimizer
         self._comm = st.world.Dup()
         from hvdlike.tensorflow.functions import broadcast_variables
         broadcast_variables(model.variables, root_rank=0)
+        self._server: Optional[Server] = None
         if self.is_server:
-            self._shard = self._shards[self.servers.index(self.rank)]
+            index = self.servers.index(self.rank)
+            file = (ps_checkpoint.path(checkpoint_dir, index, self.num_servers)
+                    if checkpoint_dir else None)
+            self._server = Server(self._comm, [variables[i] for i in self._shards[index]],
+                                  optimizer, self._wire, self.num_workers, self.max_staleness,
+                                  self.lookahead, self.total_steps, file, self.checkpoint_every)
         if self.checkpoint_dir:  # workers start from what the servers loaded, if anything
             error = None
             try:
-                if self.is_server:
+                if self._server is not None:
                     ps_checkpoint.check_writable(self.checkpoint_dir, self.rank)
-                    self._load_checkpoint()
+                    self._server.load()
             except Exception as e:  # every rank raises, not only this server
                 error = e
             msg.raise_on_every_rank(error, error is not None, self.rank, self.servers, size,
@@ -118,8 +123,8 @@ class ParameterServerTraining:
         result, error = None, None
         with _core.exclusive_mpi():  # pushes and pulls: no engine thread in MPI meanwhile
             try:
-                if self.is_server:
-                    self.serve()
+                if self._server is not None:
+                    self.stats = self._server.serve()
                 else:
                     try:
                         with pull_before_each_step(self.model, self):
@@ -193,173 +198,6 @@ class ParameterServerTraining:
         for server in self.servers:
             self._comm.Send(np.array([msg.DONE, 0], np.int64), dest=server, tag=msg.HEADER)
 
-    # ------------------------------------------------------------------ servers
-
-    def serve(self) -> None:
-        """Apply pushes until every worker is done (servers only)."""
-        shard_vars = [self.variables[i] for i in self._shard]
-        n = sum(self._sizes[i] for i in self._shard)
-        wire = np.empty(n, self._wire)
-        progress = WorkerProgress(self.num_workers)
-        active, pushes = progress.active, progress.pushes
-        held: List[int] = []  # workers whose pull the staleness bound holds back
-        held_at = 0  # the slowest worker's pushes when ``held`` was last looked at
-        summed, summed_from = np.zeros(n, np.float32), []  # max_staleness=0: this step's
-        drift, applied, discarded, start = 0.0, 0, 0, time.perf_counter()  # drift: a sum
-        sent: Dict[int, np.ndarray] = {}  # the weights each worker got last
-        lead = 0  # the most pushes a worker was ahead of the slowest when it got its reply
-        saved_at = 0  # ``applied`` at the last checkpoint
-        version = self.stats.get("updates", 0)
-        last_version = {w: version for w in active}
-        latest, latest_version = np.empty(0, np.float32), -1  # the weights at the last reply
-        before = np.empty(0, np.float32)  # the weights before the last update
-        # per worker: the sum and count of its pushes' staleness (the updates applied
-        # between its pull and its push)
-        stale = {w: [0, 0] for w in active}
-        most_stale = 0
-        header = np.empty(2, np.int64)
-        status, any_source = _core_mpi().Status(), _core_mpi().ANY_SOURCE
-        pulls: List[int] = []  # this message's pulls to answer now, or hold
-        try:
-            while active:
-                msg.wait(self._comm.Irecv(header, source=any_source, tag=msg.HEADER), status)
-                worker = status.Get_source()
-                pulls = []
-                if header[0] == msg.DONE:
-                    progress.done(worker)
-                elif header[0] == msg.PULL:
-                    pulls.append(worker)
-                else:
-                    self._comm.Recv(msg.as_bytes(wire), source=worker, tag=msg.PAYLOAD)
-                    progress.pushed(worker)
-                    grad = wire.astype(np.float32, copy=False)  # used before the next receive
-                    if self.total_steps is not None and self._pushes_applied >= self.total_steps:
-                        discarded += 1  # its pull is answered "stop"
-                        continue
-                    self._pushes_applied += 1
-                    behind = version - last_version[worker]
-                    stale[worker][0] += behind
-                    stale[worker][1] += 1
-                    most_stale = max(most_stale, behind)
-                    if worker in sent and version != last_version[worker]:
-                        # the weights of the last reply, if nothing was applied since
-                        now = latest if latest_version == version else self._shard_weights()
-                        drift += float(np.linalg.norm(now - sent[worker])
-                                       / max(np.linalg.norm(now), 1e-30))
-                    if self.max_staleness == 0:
-                        summed += grad
-                        summed_from.append(worker)
-                        progress.summed(worker)
-                    else:
-                        if self.lookahead:
-                            before = latest if latest_version == version else self._shard_weights()
-                        self._apply(shard_vars, grad)
-                        version += 1
-                        applied += 1
-                if self.max_staleness == 0 and summed_from and not progress.step_waits_for:
-                    self._apply(shard_vars, summed / len(summed_from))
-                    version += 1
-                    applied += 1
-                    summed_from = []
-                    summed[:] = 0
-                    progress.next_step()
-                if self.checkpoint_dir and applied - saved_at >= self.checkpoint_every:
-                    self._save_checkpoint(version)
-                    saved_at = applied
-                slowest = progress.slowest
-                if held and slowest != held_at:  # the bound may let held pulls go now
-                    pulls, held = held + pulls, []
-                held_at = slowest
-                for w in pulls:
-                    if self.max_staleness is None or pushes[w] - slowest <= self.max_staleness:
-                        last_version[w] = version
-                        lead = max(lead, pushes[w] - slowest)
-                        stop = (self.total_steps is not None
-                                and self._pushes_applied >= self.total_steps)
-                        # expected staleness of its next push: its pushes' mean so far
-                        ahead = (stale[w][0] / stale[w][1]
-                                 if self.lookahead and before.size and stale[w][1] else 0.0)
-                        latest, sent[w] = self._reply(w, stop, before, ahead)
-                        latest_version = version
-                    else:
-                        held.append(w)
-        except Exception:  # no worker may wait for this server forever
-            msg.answer_failed_until_done(self._comm, any_source, status, active,
-                                         held + pulls, n, wire.nbytes)
-            raise
-        counted = sum(n for _, n in stale.values())
-        self.stats = {"updates": version, "pushes": dict(enumerate(pushes)), "discarded": discarded,
-                      "mean_staleness": (sum(total for total, _ in stale.values()) / counted
-                                         if counted else 0.0),
-                      "max_staleness": most_stale,
-                      "mean_staleness_by_worker": {w: total / n for w, (total, n)
-                                                   in sorted(stale.items()) if n},
-                      "max_lead": lead,
-                      "mean_drift": drift / counted if counted else 0.0,
-                      "seconds": time.perf_counter() - start}
-        if self.checkpoint_dir:
-            self._save_checkpoint(version)
-
-    _pushes_applied = 0
-    _apply_fn: Any = None
-
-    def _shard_weights(self, extra: int = 0) -> np.ndarray:
-        """This server's weights, flat, in a new array with ``extra`` more elements after."""
-        parts = [np.asarray(self.variables[i].numpy(), np.float32).reshape(-1)
-                 for i in self._shard]
-        n = sum(p.size for p in parts)
-        out = np.empty(n + extra, np.float32)
-        np.concatenate(parts, out=out[:n])
-        return out
-
-    def _reply(self, worker: int, stop: bool, before: np.ndarray,
-               ahead: float) -> Tuple[np.ndarray, np.ndarray]:
-        """Send ``worker`` this shard's weights (and whether to stop), moved ``ahead`` times
-        the last update (the weights minus ``before``) further on: about where the updates
-        applied while the worker computes its next push will have taken them. Returns the
-        weights and what was sent."""
-        message = self._shard_weights(extra=1)
-        now = message[:-1]
-        if ahead:
-            now = now.copy()
-            message[:-1] += ahead * (now - before)
-        message[-1] = msg.STOP if stop else msg.GO
-        self._comm.Send(message, dest=worker, tag=msg.REPLY)
-        return now, message[:-1]
-
-    def _apply(self, shard_vars: List[Any], flat: np.ndarray) -> None:
-        """Apply the gradients ``flat`` (this shard's, flat) with the user's optimizer."""
-        if self._apply_fn is None:  # traced once: eager apply_gradients costs milliseconds
-            optimizer = self._server_optimizer
-
-            @tf.function
-            def apply(grads: List[tf.Tensor]) -> None:
-                optimizer.apply_gradients(zip(grads, shard_vars))
-
-            self._apply_fn = apply
-        grads, at = [], 0
-        for v, i in zip(shard_vars, self._shard):
-            grads.append(tf.constant(flat[at:at + self._sizes[i]].reshape(v.shape),
-                                     dtype=v.dtype))
-            at += self._sizes[i]
-        self._apply_fn(grads)
-
-    def _checkpoint_file(self) -> str:
-        return ps_checkpoint.path(self.checkpoint_dir or "", self.servers.index(self.rank),
-                                  self.num_servers)
-
-    def _save_checkpoint(self, version: int) -> None:
-        ps_checkpoint.save(self._checkpoint_file(), [self.variables[i] for i in self._shard],
-                           self._server_optimizer, version, self._pushes_applied)
-
-    def _load_checkpoint(self) -> None:
-        counts = ps_checkpoint.load(self._checkpoint_file(),
-                                    [self.variables[i] for i in self._shard],
-                                    self._server_optimizer)
-        if counts:
-            self.stats["updates"] = counts["updates"]
-            self._pushes_applied = counts["pushes_applied"]
-
     # ------------------------------------------------------------------ the end
 
     def _gather_final_weights(self) -> None:
@@ -373,10 +211,6 @@ class ParameterServerTraining:
         self.stats = _core.broadcast_object(self.stats if self.rank == self.servers[0] else None,
                                             root_rank=self.servers[0])
         self.should_stop = False
-
-
-def _core_mpi() -> Any:
-    return runtime.state().mpi
 
 
 def _shard_by_bytes(variables: List[Any], num_servers: int) -> List[List[int]]:

@@ -143,6 +143,8 @@ def _():
                                      total_steps=total)
     m.compile(optimizer=ps.optimizer, loss="mse")
     watch = ps._comm = OneThreadInMpi(ps._comm)
+    if ps._server is not None:  # a server's loop sends and receives on it too
+        ps._server.comm = watch
     engine = runtime.state().engine
     rounds = []
 

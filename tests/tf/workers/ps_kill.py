@@ -15,15 +15,16 @@ victim = sys.argv[1]
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
 ps = hvd.ParameterServerTraining(model, keras.optimizers.SGD(0.1), total_steps=10_000)
 if victim == "server" and ps.is_server:
-    real_apply = ps._apply
+    server = ps._server
+    real_apply = server._apply
 
     def apply_then_die(*args):
         real_apply(*args)
-        if ps._pushes_applied == 5:
+        if server.pushes_applied == 5:
             print(f"KILLING rank={hvd.rank()} at {time.time()}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    ps._apply = apply_then_die
+    server._apply = apply_then_die
 
 
 class Die(keras.callbacks.Callback):
