@@ -1,6 +1,8 @@
 """The API reference (docs/reference/api.md, made by scripts/docs_hooks.py when the site is
 built) documents every public name of hvdlike's user-facing modules, and nothing else; the
-site builds with warnings as errors."""
+site builds with warnings as errors; docs/architecture.md's call paths name every file the
+calls run."""
+import json
 import os
 import subprocess
 import sys
@@ -8,7 +10,7 @@ import zlib
 
 import pytest
 
-from mpi_harness import REPO
+from mpi_harness import REPO, run_script
 
 sys.path.insert(0, str(REPO / "scripts"))
 import docs_hooks  # noqa: E402
@@ -91,3 +93,25 @@ def test_every_public_function_and_class_of_the_api_has_type_hints():
             if getattr(obj, "__module__", "").startswith("hvdlike"):
                 missing += [f"{module}: {m}" for m in _unannotated(obj)]
     assert not missing, sorted(set(missing))
+
+
+def _section(text, heading):
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:] if end < 0 else text[start:end]
+
+
+def test_architecture_md_names_every_file_the_two_profiled_calls_run(tmp_path):
+    out = tmp_path / "paths.json"
+    job = run_script(2, "scripts/call_path.py", "--keras", "--json", out, timeout=240)
+    assert job.returncode == 0 and not job.timed_out, job.output[-5000:]
+    paths = json.loads(out.read_text())
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    sections = {"hvd.allreduce(np_array)": "## One all-reduce, top to bottom",
+                "Keras gradient (one train step)": "## One Keras gradient, top to bottom"}
+    assert set(paths) == set(sections), paths
+    for case, heading in sections.items():
+        files = [f["file"] for f in paths[case]]
+        assert "transport/mpi.py" in files, (case, files)  # the data went through MPI
+        unnamed = [f for f in files if f"`{f}`" not in _section(doc, heading)]
+        assert unnamed == [], f"{heading!r} in docs/architecture.md does not name {unnamed}"
