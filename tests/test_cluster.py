@@ -545,18 +545,23 @@ def test_sbatch_runs_a_2x2_job_across_the_test_hosts(cluster, tmp_path, script):
 def test_srun_without_a_pmi_plugin_is_an_error_on_every_task_not_a_world_of_one(cluster,
                                                                                  tmp_path):
     """``srun --mpi=none`` connects no MPI to its tasks: each would see a world of 1 and train
-    alone. Each of the 2 x 2 tasks raises instead, naming SLURM_STEP_NUM_TASKS; a single
-    process in the batch step (no step of its own) is a world of 1 and trains."""
+    alone. Each of the 2 x 2 tasks raises instead, naming SLURM_STEP_NUM_TASKS, also where
+    the task is a wrapper script that starts python; a single process in the batch step (no
+    step of its own) is a world of 1 and trains."""
     from hvdlike.testing.slurm import SlurmOnCluster, missing_slurm
     why = missing_slurm()
     if why:
         pytest.skip(f"Slurm: {why}")
     out = tmp_path / "job.out"
     code = "import hvdlike as hvd; hvd.init(); print('WORLD', hvd.size(), flush=True)"
+    wrapper = tmp_path / "train.sh"  # python is the task's child, not the task
+    wrapper.write_text(f"#!/bin/bash\n{sys.executable} -c \"{code}\"\nexit $?\n")
+    wrapper.chmod(0o755)
     script = tmp_path / "no_pmi.sbatch"
     script.write_text("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n"
                       f"{sys.executable} -c \"{code}\"\n"
-                      f"srun --mpi=none {sys.executable} -c \"{code}\"\n")
+                      f"srun --mpi=none {sys.executable} -c \"{code}\"\n"
+                      f"srun --mpi=none {wrapper}\n")
     env = {"PYTHONPATH": str(REPO), "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     with SlurmOnCluster(cluster, str(tmp_path / "slurm")) as slurm:
@@ -567,6 +572,6 @@ def test_srun_without_a_pmi_plugin_is_an_error_on_every_task_not_a_world_of_one(
     assert "JobState=FAILED" in state, state + text
     assert text.count("WORLD 1") == 1, text[-3000:]  # the batch step's process only
     assert text.count("RuntimeError: hvdlike.init: the launcher started 4 processes "
-                      "(SLURM_STEP_NUM_TASKS=4), but the MPI that mpi4py loaded") == 4, \
+                      "(SLURM_STEP_NUM_TASKS=4), but the MPI that mpi4py loaded") == 8, \
         text[-3000:]
     assert "srun started its tasks without a PMI plugin this MPI reads" in text

@@ -181,14 +181,16 @@ def _launched_size(env: Mapping[str, str]) -> Tuple[str, int]:
     """The variable that says how many processes the launcher started, and that number
     (``("", 1)`` where none says). An MPI launcher's variable wins; Slurm's
     ``SLURM_STEP_NUM_TASKS`` counts only for a process ``srun`` started itself
-    (``SLURM_TASK_PID``): the ranks of an ``mpirun`` inside an allocation inherit the step
-    of its daemons."""
+    (``SLURM_TASK_PID``) or one that the task started (a wrapper script's ``python``): the
+    ranks of an ``mpirun`` inside an allocation inherit the step of its daemons, and carry
+    their MPI's variable."""
     for variable in _LAUNCHED_SIZE:
         value = env.get(variable, "")
         if value.isdigit():
             return variable, int(value)
     value = env.get("SLURM_STEP_NUM_TASKS", "")
-    if value.isdigit() and env.get("SLURM_TASK_PID") == str(os.getpid()):
+    task = env.get("SLURM_TASK_PID")
+    if value.isdigit() and task in (str(os.getpid()), str(os.getppid())):
         return "SLURM_STEP_NUM_TASKS", int(value)
     return "", 1
 
