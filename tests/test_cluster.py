@@ -59,9 +59,11 @@ def test_ending_leftovers_kills_what_still_runs_on_the_test_hosts(cluster):
     inside = subprocess.Popen(cluster.command_on(1, ["sleep", "300"]))
     outside = subprocess.Popen(["sleep", "300"])
     try:
-        deadline = time.monotonic() + 10  # nsenter has exec'd sleep once its cmdline says so
-        while "sleep" not in Path(f"/proc/{inside.pid}/cmdline").read_text() and \
-                time.monotonic() < deadline:
+        # nsenter's own command line names sleep too: it has entered the host's namespaces
+        # and exec'd sleep once the program (argv[0]) is sleep
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{inside.pid}/cmdline").read_bytes().split(b"\0")[0] != b"sleep" \
+                and time.monotonic() < deadline:
             time.sleep(0.02)
         killed = cluster.end_leftovers()
         assert killed == [f"{cluster.names[1]}: {inside.pid} sleep 300"]
