@@ -548,22 +548,22 @@ def test_srun_without_a_pmi_plugin_is_an_error_on_every_task_not_a_world_of_one(
                                                                                  tmp_path):
     """``srun --mpi=none`` connects no MPI to its tasks: each would see a world of 1 and train
     alone. Each of the 2 x 2 tasks raises instead, naming SLURM_STEP_NUM_TASKS, also where
-    the task is a wrapper script that starts python; a single process in the batch step (no
-    step of its own) is a world of 1 and trains."""
+    python is two levels below the task (a shell that runs a wrapper script); a single
+    process in the batch step (no step of its own) is a world of 1 and trains."""
     from hvdlike.testing.slurm import SlurmOnCluster, missing_slurm
     why = missing_slurm()
     if why:
         pytest.skip(f"Slurm: {why}")
     out = tmp_path / "job.out"
     code = "import hvdlike as hvd; hvd.init(); print('WORLD', hvd.size(), flush=True)"
-    wrapper = tmp_path / "train.sh"  # python is the task's child, not the task
+    wrapper = tmp_path / "train.sh"  # python is the wrapper's child, the task's grandchild
     wrapper.write_text(f"#!/bin/bash\n{sys.executable} -c \"{code}\"\nexit $?\n")
     wrapper.chmod(0o755)
     script = tmp_path / "no_pmi.sbatch"
     script.write_text("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n"
                       f"{sys.executable} -c \"{code}\"\n"
                       f"srun --mpi=none {sys.executable} -c \"{code}\"\n"
-                      f"srun --mpi=none {wrapper}\n")
+                      f"srun --mpi=none bash -c '{wrapper}; exit $?'\n")
     env = {"PYTHONPATH": str(REPO), "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     with SlurmOnCluster(cluster, str(tmp_path / "slurm")) as slurm:

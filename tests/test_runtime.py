@@ -3,6 +3,7 @@ import ast
 import importlib.util
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 
@@ -65,6 +66,33 @@ def test_another_mpis_launcher_is_an_error_on_every_process_not_a_world_of_one()
     assert out.count("RuntimeError: hvdlike.init: the launcher started 2 processes "
                      "(PMI_SIZE=2), but the MPI that mpi4py loaded (Open MPI") == 2, out[-3000:]
     assert "sees a world of 1 here: the launcher is another MPI's" in out
+
+
+def test_srun_variables_count_in_the_task_and_every_process_below_it(tmp_path):
+    """A process below an srun task (SLURM_TASK_PID), here two shells down as under ``srun
+    bash -c "conda run python ..."``, that sees a world of 1 raises naming
+    SLURM_STEP_NUM_TASKS; one whose task is another process (beside it) trains alone."""
+    program = tmp_path / "init.py"
+    program.write_text("import hvdlike as hvd; hvd.init(); print('WORLD', hvd.size())\n")
+    inner = shlex.quote(f"{shlex.quote(sys.executable)} {shlex.quote(str(program))}; exit $?")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "SLURM"))}
+    env.update(PYTHONPATH=str(TESTS.parent), SLURM_STEP_NUM_TASKS="3")
+    beside = subprocess.Popen(["sleep", "60"])
+    try:
+        # the outer sh is the task; neither sh execs the next (a command follows)
+        below = subprocess.run(["sh", "-c", f"SLURM_TASK_PID=$$ sh -c {inner}; exit $?"],
+                               capture_output=True, text=True, timeout=120, env=env)
+        alone = subprocess.run(["sh", "-c", f"sh -c {inner}; exit $?"], capture_output=True,
+                               text=True, timeout=120,
+                               env=dict(env, SLURM_TASK_PID=str(beside.pid)))
+    finally:
+        beside.kill()
+    assert below.returncode != 0 and "WORLD" not in below.stdout, below.stdout + below.stderr
+    assert "RuntimeError: hvdlike.init: the launcher started 3 processes " \
+        "(SLURM_STEP_NUM_TASKS=3)" in below.stderr, below.stderr[-3000:]
+    assert "srun started its tasks without a PMI plugin this MPI reads" in below.stderr
+    assert alone.returncode == 0 and alone.stdout.strip() == "WORLD 1", \
+        alone.stdout + alone.stderr[-3000:]
 
 
 def test_import_does_not_load_mpi_or_tensorflow():

@@ -13,9 +13,9 @@ import numbers
 import os
 import sys
 from types import ModuleType
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence
 
-from . import ending, recovery_deadline, session_dirs, sets
+from . import ending, launched_world, recovery_deadline, session_dirs, sets
 from .abort_notice import AbortNotice
 from ..base import death_notice, log
 from ..base.errors import NotInitializedError
@@ -95,7 +95,7 @@ def init(comm: Any = None, abort_on_exception: Optional[bool] = None) -> None:
 def _start(settings: Settings, MPI: ModuleType, transport: ModuleType, comm: Any,
            abort_on_exception: Optional[bool]) -> None:
     global _state
-    _check_launched_world(MPI, os.environ)
+    launched_world.check(MPI, os.environ)
     joined = _join_parents(MPI) if comm is None else None
     if comm is None:
         comm = MPI.COMM_WORLD if joined is None else joined
@@ -171,50 +171,6 @@ def _join_parents(MPI: ModuleType) -> Optional[Any]:
     parents.Free()  # Open MPI crashes in MPI_Finalize while a spawn's communicators live
     ending.finalize_with_deadline_at_exit()
     return merged
-
-
-# what launchers tell each process about the size of the job they started
-_LAUNCHED_SIZE = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")  # Open MPI's; MPICH's and Intel MPI's
-
-
-def _launched_size(env: Mapping[str, str]) -> Tuple[str, int]:
-    """The variable that says how many processes the launcher started, and that number
-    (``("", 1)`` where none says). An MPI launcher's variable wins; Slurm's
-    ``SLURM_STEP_NUM_TASKS`` counts only for a process ``srun`` started itself
-    (``SLURM_TASK_PID``) or one that the task started (a wrapper script's ``python``): the
-    ranks of an ``mpirun`` inside an allocation inherit the step of its daemons, and carry
-    their MPI's variable."""
-    for variable in _LAUNCHED_SIZE:
-        value = env.get(variable, "")
-        if value.isdigit():
-            return variable, int(value)
-    value = env.get("SLURM_STEP_NUM_TASKS", "")
-    task = env.get("SLURM_TASK_PID")
-    if value.isdigit() and task in (str(os.getpid()), str(os.getppid())):
-        return "SLURM_STEP_NUM_TASKS", int(value)
-    return "", 1
-
-
-def _check_launched_world(MPI: ModuleType, env: Mapping[str, str]) -> None:
-    """A launcher that started several processes whose MPI sees a world of one each: the
-    launcher belongs to another MPI than the one mpi4py loaded (or ``srun`` connected no MPI
-    to its tasks), and every process would train alone (silently) instead of with the
-    others."""
-    if MPI.COMM_WORLD.Get_size() != 1:
-        return
-    variable, launched = _launched_size(env)
-    if launched > 1:
-        library = MPI.Get_library_version().strip().splitlines()[0].split(",")[0]
-        where = ("srun started its tasks without a PMI plugin this MPI reads (srun "
-                 "--mpi=pmix for Open MPI, --mpi=pmi2 for MPICH; `srun --mpi=list`)"
-                 if variable.startswith("SLURM") else "the launcher is another MPI's")
-        raise RuntimeError(
-            f"hvdlike.init: the launcher started {launched} processes ({variable}="
-            f"{launched}), but the MPI that mpi4py loaded ({library}) sees a world of 1 "
-            f"here: {where}, and each process would train alone. "
-            "Start the job with the mpirun of mpi4py's MPI (`hvdlikerun --check-build` "
-            "names it; hvdlikerun uses it, and picks srun's plugin), or build mpi4py against "
-            "your MPI (docs/troubleshooting.md).")
 
 
 def _check_same_settings(world: Any, settings: Settings) -> None:
