@@ -1,5 +1,6 @@
 """The timeline: each rank's Chrome-trace file shows every request's phases and buckets."""
-from mpi_harness import run_mpi
+import pytest
+from mpi_harness import run_mpi, run_script
 
 
 
@@ -103,3 +104,25 @@ def test_the_installed_summary_command_reads_every_ranks_file(tmp_path):
         assert s["phases_s"]["QUEUED"] > 0 and s["transport_per_tensor_s"]["grp"] > 0
     merged = json.loads((tmp_path / "timeline_merged.json").read_text())
     assert {e["pid"] for e in merged} == {0, 1}
+
+
+@pytest.mark.parametrize("variable, planted, rank, what", [
+    ("HVDLIKE_TIMELINE", "t.rank1.json", 1, "timeline (HVDLIKE_TIMELINE)"),
+    ("HVDLIKE_AUTOTUNE_LOG", "t.json", 0, "autotune log (HVDLIKE_AUTOTUNE_LOG)")])
+def test_a_link_planted_in_a_shared_folder_is_refused_on_every_rank_not_written_through(
+        tmp_path, variable, planted, rank, what):
+    shared = tmp_path / "shared"  # like /tmp: anyone may create files in it
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim"
+    victim.write_text("another file of this user's")
+    (shared / planted).symlink_to(victim)  # where a rank will write
+    job = run_script(2, "timeline_refused.py", timeout=60,
+                     env={variable: str(shared / "t.json"), "HVDLIKE_AUTOTUNE": "1"})
+    raised = job.lines("RAISED")
+    assert sorted(line.split()[1] for line in raised) == ["rank=0", "rank=1"], job.output
+    for line in raised:
+        assert f"OSError: hvdlike.init: rank {rank} cannot write its {what}" in line, line
+        assert "is a symbolic link" in line, line
+    assert not job.lines("INITIALIZED") and not job.timed_out, job.output
+    assert victim.read_text() == "another file of this user's"

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
+from ..base import files
 from ..base.log import logger
 from ..base.settings import Settings
 from .checks import Kind
@@ -223,7 +224,7 @@ class Autotuner:
     def _write_log(self) -> None:
         if self._log_path is None:
             return
-        with open(self._log_path, "w", newline="") as f:
+        with files.open_for_writing(self._log_path, newline="") as f:
             out = csv.writer(f)
             out.writerow(["sample", "phase"] + [k.name for k in self._knobs]
                          + ["bytes", "seconds", "bytes_per_second"])

@@ -31,6 +31,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
+from ..base import files
+
 _FLUSH_EVERY = 4096  # events buffered before they are written
 
 
@@ -48,7 +50,7 @@ class Timeline:
         self._events: List[str] = []
         self._lock = threading.Lock()
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._file = open(self.path, "w")
+        self._file = files.open_for_writing(self.path)  # never through a planted link
         self._file.write("[\n")
         self._add({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
                    "args": {"name": f"rank {rank}"}})

@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Sequence
 
 from . import ending, launched_world, recovery_deadline, session_dirs, sets
 from .abort_notice import AbortNotice
-from ..base import death_notice, log
+from ..base import death_notice, files, log
 from ..base.errors import NotInitializedError
 from ..base.settings import Settings, with_horovod_names
 from ..engine import timeline
@@ -118,7 +118,10 @@ def _start(settings: Settings, MPI: ModuleType, transport: ModuleType, comm: Any
         cross_comm = world.Split(color=local_rank, key=rank)
         made.append(cross_comm)
         node_of_rank = world.allgather(local_comm.bcast(rank, root=0))
+        if settings.timeline or settings.autotune_log:  # before the engine's thread runs
+            _open_output_files_on_every_rank(MPI, world, settings)
     except BaseException:
+        timeline.stop_timeline()
         for c in made:
             c.Free()
         raise
@@ -140,8 +143,6 @@ def _start(settings: Settings, MPI: ModuleType, transport: ModuleType, comm: Any
     from ..engine.engine import Engine
     _state.engine = Engine(_state, sets.REGISTERED, ending.finalize_with_deadline_at_exit,
                            lambda: ending.end_job(world))
-    if settings.timeline:
-        start_timeline(settings.timeline, settings.timeline_mark_cycles)
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered.append(True)
@@ -188,6 +189,26 @@ def _check_same_settings(world: Any, settings: Settings) -> None:
     raise ValueError("hvdlike.init: ranks read different HVDLIKE_* settings: "
                      + "; ".join(differing) + ". Set them the same on every rank (mpirun "
                      "and hvdlikerun forward the environment of the launching shell).")
+
+
+def _open_output_files_on_every_rank(MPI: ModuleType, world: Any, settings: Settings) -> None:
+    """Open the files ranks write from the start (``HVDLIKE_TIMELINE``'s on each rank,
+    ``HVDLIKE_AUTOTUNE_LOG`` on rank 0); where one rank cannot (a folder it may not write, a
+    link planted in a shared folder), every rank raises that rank's reason."""
+    rank, size = world.Get_rank(), world.Get_size()
+    reason = ""
+    try:
+        if settings.autotune and settings.autotune_log and rank == 0:
+            what = "autotune log (HVDLIKE_AUTOTUNE_LOG)"
+            files.open_for_writing(settings.autotune_log).close()
+        if settings.timeline:
+            what = "timeline (HVDLIKE_TIMELINE)"
+            timeline.start(settings.timeline, rank, settings.timeline_mark_cycles)
+    except OSError as exc:
+        reason = f"its {what}: {exc}"
+    first = world.allreduce(rank if reason else size, op=MPI.MIN)
+    if first < size:
+        raise OSError(f"hvdlike.init: rank {first} cannot write {world.bcast(reason, first)}")
 
 
 def _split_local(MPI: ModuleType, world: Any, node_names: Optional[Sequence[str]]) -> Any:
