@@ -196,11 +196,13 @@ def _splits_or_error(a: np.ndarray, splits: Any,
                               f"the {n} ranks, got {a.shape[0]}; pass splits=[rows per rank]")
         return np.full(n, a.shape[0] // n, np.int64), None
     s = np.asarray(splits)
-    if s.shape != (n,) or s.dtype.kind not in "iu" or (s < 0).any() or s.sum() != a.shape[0]:
+    rows = s.tolist() if s.shape == (n,) and s.dtype.kind in "iu" else None
+    # checked as Python integers: NumPy's sum of uint64 or int64 splits wraps around
+    if rows is None or min(rows) < 0 or sum(rows) != a.shape[0]:
         return np.zeros(n, np.int64), (
             "ValueError", f"alltoall splits must be {n} non-negative integers (one per rank) "
                           f"summing to the first dimension {a.shape[0]}, got {s.tolist()}")
-    return s.astype(np.int64), None
+    return np.array(rows, np.int64), None
 
 
 def alltoall(x: Any, splits: Any = None, name: Optional[str] = None,

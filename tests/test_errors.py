@@ -66,6 +66,21 @@ def test_bad_input_raises_the_same_clear_error_on_every_rank(seen, case):
         assert per_rank[case + "/after"][0] == "ok", f"rank {rank}: job unusable after {case}"
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_alltoall_splits_whose_numpy_sum_wraps_around_raise_on_every_rank(np_):
+    seen = run_mpi(np_, "error_cases:run", timeout=60, only="alltoall_splits_wrapping")
+    for rank, per_rank in enumerate(seen):
+        for case, words in (("uint64", ["first dimension 4", "got [18446744073709551615, 5"]),
+                            ("int64", ["first dimension 6", "got [9223372036854775807, 92"])):
+            got_type, message = per_rank[f"alltoall_splits_wrapping_{case}"]
+            assert per_rank[f"alltoall_splits_wrapping_{case}/after"][0] == "ok", rank
+            if case == "int64" and np_ == 2:  # only 3 ranks or more have such splits
+                assert got_type == "no error", f"rank {rank}: {got_type}: {message}"
+                continue
+            assert got_type == "ValueError", f"rank {rank}: {got_type}: {message}"
+            assert all(word in message for word in words), f"rank {rank}: {message}"
+
+
 def test_non_member_rank_gets_a_local_error_and_members_proceed():
     results = run_mpi(2, "error_cases:not_a_member", timeout=60)
     assert results[0] == ("ok", "[1.0, 1.0]")
