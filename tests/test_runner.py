@@ -94,6 +94,9 @@ def test_two_ranks_each_print_a_distinct_rank_and_verbose_shows_the_command(open
     assert done.returncode == 0, done.stderr
     assert ranks_printed(done.stdout) == [(0, 2), (1, 2)]
     assert "hvdlikerun: " in done.stderr and shlex.join([openmpi, "-np", "2"]) in done.stderr
+    # the death watch's token is a key: not in the printed command
+    assert "HVDLIKE_DEATH_WATCH=<hidden> " in done.stderr, done.stderr
+    assert not re.search(r"127\.0\.0\.1:\d+:[0-9a-f]{32}", done.stderr), done.stderr
 
 
 def test_more_ranks_than_cores_runs_because_oversubscribe_is_added(openmpi):
@@ -1079,6 +1082,25 @@ time.sleep(60)
 """
 
 
+def _watched_ranks(env: Dict[str, str], which: range = range(4)) -> List[subprocess.Popen]:
+    """Processes that connect to the death watch in ``env`` as ranks ``which`` of 4 do at
+    hvd.init(), once each has said it has."""
+    procs = [subprocess.Popen([sys.executable, "-c", _WATCHED, str(r)], env=env, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL) for r in which]
+    assert all(p.stdout is not None and p.stdout.readline() == "ready\n" for p in procs)
+    return procs
+
+
+def tell(p: subprocess.Popen, line: str) -> None:
+    """Have a process of ``_watched_ranks`` end as hvdlike means it to (``shutdown`` or
+    ``ending``), or die (an empty line: it sleeps until killed)."""
+    assert p.stdin is not None
+    p.stdin.write(line)
+    p.stdin.close()
+    p.wait(TIMEOUT)
+
+
 def test_the_death_watch_names_the_first_rank_to_die_not_those_ended_after_or_told():
     """Real processes connect to the watch as ranks do at hvd.init(); each is then killed,
     shuts down or announces the job's end. One forks a child that outlives it."""
@@ -1091,17 +1113,7 @@ def test_the_death_watch_names_the_first_rank_to_die_not_those_ended_after_or_to
     stranger.sendall(b"not-the-token rank 9 of 4\n")
 
     def ranks(which: range = range(4)) -> List[subprocess.Popen]:
-        procs = [subprocess.Popen([sys.executable, "-c", _WATCHED, str(r)], env=env, text=True,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL) for r in which]
-        assert all(p.stdout is not None and p.stdout.readline() == "ready\n" for p in procs)
-        return procs
-
-    def tell(p: subprocess.Popen, line: str) -> None:
-        assert p.stdin is not None
-        p.stdin.write(line)
-        p.stdin.close()
-        p.wait(TIMEOUT)
+        return _watched_ranks(env, which)
 
     try:
         procs = ranks()
@@ -1145,6 +1157,43 @@ def test_the_death_watch_names_the_first_rank_to_die_not_those_ended_after_or_to
     finally:
         for p in procs:
             p.kill()
+        watch.close()
+
+
+def test_the_death_watch_outlasts_bytes_that_are_no_text_and_idle_or_half_sent_connections(
+        monkeypatch):
+    """Another local user's connections: a line that is not text, and more idle and
+    half-sent ones than the watch takes at once, held open. The watch closes each at its
+    deadline, holds at most ``MOST_UNKNOWN`` of them at a time, and still names the rank
+    that dies."""
+    from hvdlike.runner import death_watch
+
+    monkeypatch.setattr(death_watch, "HELLO_DEADLINE_S", 0.5)
+    watch = death_watch.DeathWatch("127.0.0.1", ranks=4)
+    name, value = watch.variable
+    host, port = value.split(":")[:2]
+    open_files = len(os.listdir("/proc/self/fd"))
+    strangers = [socket.create_connection((host, int(port)), timeout=30)
+                 for _ in range(death_watch.MOST_UNKNOWN + 100)]
+    strangers[0].sendall(b"\xff\xfe\x80 rank 0 of 4\n")  # no text: no token
+    strangers[1].sendall(b"0123")  # half a hello
+    procs: List[subprocess.Popen] = []
+    try:
+        held = len(os.listdir("/proc/self/fd")) - open_files - len(strangers)
+        assert held <= death_watch.MOST_UNKNOWN + 2, held  # the watch's side of them
+        for s in strangers:  # each closed by the watch (those queued once it took them)
+            assert s.recv(1) == b""
+        procs = _watched_ranks(dict(os.environ, **{name: value, "PYTHONPATH": str(REPO)}))
+        tell(procs[0], "shutdown\n")
+        procs[3].kill()
+        procs[3].wait(TIMEOUT)
+        died = watch.first_death(timeout=30)
+        assert died is not None and died.startswith(f"rank 3 of 4 (pid {procs[3].pid} "), died
+    finally:
+        for p in procs:
+            p.kill()
+        for s in strangers:
+            s.close()
         watch.close()
 
 

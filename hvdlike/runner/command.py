@@ -14,6 +14,7 @@ import subprocess
 import sys
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ..base.death_notice import WATCH_VARIABLE
 from .mpi_flavor import Flavor, find_mpirun, parse_flavor, version_text
 
 LAUNCHERS = ("auto", "mpirun", "srun")
@@ -324,12 +325,19 @@ def build_command(
     return [mpirun] + args + extra + binding + program, child_env
 
 
+RUN_KEY_VARIABLE = "HVDLIKE_RUN_AUTHKEY"  # hvdlike.run's connection key, in hex
+# variables whose values are keys: a printed command shows them as HIDDEN
+SECRET_VARIABLES = (WATCH_VARIABLE, RUN_KEY_VARIABLE)
+HIDDEN = "<hidden>"
+
+
 def format_command(argv: Sequence[str], env: Mapping[str, str],
                    base_env: Optional[Mapping[str, str]] = None) -> str:
-    """One shell line: the variables ``env`` adds or changes against ``base_env``, then argv."""
+    """One shell line: the variables ``env`` adds or changes against ``base_env`` (the
+    values of ``SECRET_VARIABLES`` hidden), then argv."""
     base = os.environ if base_env is None else base_env
-    assigns = [f"{name}={shlex.quote(value)}" for name, value in sorted(env.items())
-               if base.get(name) != value]
+    assigns = [f"{name}={HIDDEN if name in SECRET_VARIABLES else shlex.quote(value)}"
+               for name, value in sorted(env.items()) if base.get(name) != value]
     return " ".join(assigns + [shlex.join(argv)])
 
 

@@ -26,12 +26,15 @@ import secrets
 import selectors
 import socket
 import threading
+import time
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..base.death_notice import ENDING, HELLO_BYTES, SHUTDOWN, WATCH_VARIABLE
 from .command import LaunchError, reachable_address
 
 _MOST = HELLO_BYTES + max(len(ENDING), len(SHUTDOWN))  # what a rank may send in all
+HELLO_DEADLINE_S = 10.0  # for a connection to say who it is (a rank does as it connects)
+MOST_UNKNOWN = 128  # connections yet to say who they are, at once (below _OWN_FILES)
 
 
 class DeathWatch:
@@ -93,9 +96,14 @@ class DeathWatch:
         sel.register(self._listener, selectors.EVENT_READ)
         sel.register(self._wake_r, selectors.EVENT_READ)
         said: Dict[socket.socket, bytes] = {}  # what each connection has sent so far
+        # connections yet to say who they are, and when they must have: a rank sends its
+        # hello as it connects, a stranger's connection holds no file for long
+        unknown: Dict[socket.socket, float] = {}
+        listening = True
         while True:
             caught_up = False
-            for key, _ in sel.select():
+            wait = min(unknown.values()) - time.monotonic() if unknown else None
+            for key, _ in sel.select(None if wait is None else max(wait, 0.0)):
                 s = key.fileobj
                 assert isinstance(s, socket.socket)
                 if s is self._wake_r:
@@ -106,26 +114,44 @@ class DeathWatch:
                         return
                     caught_up = True  # set once this round's events are in
                 elif s is self._listener:
+                    conn = self._accept(sel)
+                    if conn is not None:
+                        said[conn] = b""
+                        unknown[conn] = time.monotonic() + HELLO_DEADLINE_S
+                elif s in said:  # not closed earlier in this round
                     try:
-                        conn, _ = s.accept()
-                    except OSError as exc:
-                        if exc.errno in (errno.EMFILE, errno.ENFILE):
-                            # the connection stays queued and the listener readable: stop
-                            # listening rather than spin (the record would be incomplete)
-                            sel.unregister(s)
-                            with self._lock:
-                                self._deaf = True
-                        continue
-                    conn.setblocking(False)
-                    said[conn] = b""
-                    sel.register(conn, selectors.EVENT_READ)
-                else:
-                    self._read(sel, s, said)
+                        self._read(sel, s, said, unknown)
+                    except Exception:  # noqa: BLE001 - whatever a stranger sent: its own end
+                        _forget(sel, s, said, unknown)
+            now = time.monotonic()
+            for conn in [c for c, deadline in unknown.items() if deadline <= now]:
+                _forget(sel, conn, said, unknown)  # said nothing, or not enough, in time
+            full = len(unknown) >= MOST_UNKNOWN  # the rest wait in the kernel's queue
+            if listening and (full or self._deaf):
+                sel.unregister(self._listener)
+            elif not listening and not full and not self._deaf:
+                sel.register(self._listener, selectors.EVENT_READ)
+            listening = not full and not self._deaf
             if caught_up:
                 self._caught_up.set()
 
+    def _accept(self, sel: selectors.BaseSelector) -> Optional[socket.socket]:
+        """A new connection, registered; None when there was none to take (or no file
+        descriptor left for it: then the watch stops listening, as its record would be
+        incomplete)."""
+        try:
+            conn, _ = self._listener.accept()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                with self._lock:
+                    self._deaf = True
+            return None
+        conn.setblocking(False)
+        sel.register(conn, selectors.EVENT_READ)
+        return conn
+
     def _read(self, sel: selectors.BaseSelector, s: socket.socket,
-              said: Dict[socket.socket, bytes]) -> None:
+              said: Dict[socket.socket, bytes], unknown: Dict[socket.socket, float]) -> None:
         try:
             data = s.recv(4096)
         except BlockingIOError:
@@ -137,9 +163,12 @@ class DeathWatch:
         hello, newline, rest = said[s].partition(b"\n")
         if data and not newline and len(hello) < HELLO_BYTES:
             return  # the rest of the hello is on its way
-        token, _, who = hello.decode(errors="replace").partition(" ")
-        ours = secrets.compare_digest(token, self._token) and bool(who) and len(said[s]) <= _MOST
+        token, _, who_bytes = hello.partition(b" ")
+        who = who_bytes.decode(errors="replace")
+        ours = (secrets.compare_digest(token, self._token.encode()) and bool(who)
+                and len(said[s]) <= _MOST)
         if ours and newline and b"\n" not in before:
+            unknown.pop(s, None)
             with self._lock:
                 self._hellos += 1
         if ours and rest == ENDING and not before.endswith(ENDING):
@@ -147,12 +176,19 @@ class DeathWatch:
                 self._events.append(("ending", who))
         if data and ours:
             return
-        sel.unregister(s)  # closed, or a stranger
-        del said[s]
-        s.close()
+        _forget(sel, s, said, unknown)  # closed, or a stranger
         if ours and rest not in (ENDING, SHUTDOWN):
             with self._lock:
                 self._events.append(("died", who))
+
+
+def _forget(sel: selectors.BaseSelector, s: socket.socket, said: Dict[socket.socket, bytes],
+            unknown: Dict[socket.socket, float]) -> None:
+    """Close connection ``s`` and forget it."""
+    sel.unregister(s)
+    del said[s]
+    unknown.pop(s, None)
+    s.close()
 
 
 _OWN_FILES = 256  # what hvdlikerun needs open besides the ranks' connections

@@ -16,21 +16,23 @@ function of the main script or a notebook, a lambda, a closure, with what they r
 import os
 import pickle
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import traceback
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Listener
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import cloudpickle
 
-from .command import reachable_address
+from .command import RUN_KEY_VARIABLE, reachable_address
 from .process import end_process
 
 _ADDRESS = "HVDLIKE_RUN_ADDRESS"  # host:port the ranks connect back to
-_KEY = "HVDLIKE_RUN_AUTHKEY"  # hex of the connection key
+_KEY = RUN_KEY_VARIABLE
+_DEADLINE_S = 10  # for each read or write of a connection to the caller
+_MOST_AT_ONCE = 64  # connections answered at once
 
 
 def run(func: Callable[..., Any], args: Sequence[Any] = (),
@@ -85,27 +87,12 @@ def run(func: Callable[..., Any], args: Sequence[Any] = (),
     key = os.urandom(32)
     local = hosts is None and hostfile is None
     chosen = _interface_address(network_interface) if network_interface and not local else None
-    if local:
-        address = listen = "127.0.0.1"
-    elif chosen:  # listen on the job's network only
-        address = listen = chosen
-    else:
-        address, listen = reachable_address(hosts, hostfile), "0.0.0.0"
-    with Listener((listen, 0), authkey=key) as listener:
-        port = listener.address[1]
-        env = dict(os.environ, **{_ADDRESS: f"{address}:{port}", _KEY: key.hex()})
-        outcomes: Dict[int, Tuple[str, Any]] = {}
-        server = threading.Thread(target=_serve, args=(listener, job, outcomes), daemon=True)
-        server.start()
+    address = "127.0.0.1" if local else chosen or _address_of(reachable_address(hosts, hostfile))
+    with _Server(address, key, job, backlog=num_proc) as server:  # listens there only
+        env = dict(os.environ, **{_ADDRESS: f"{address}:{server.port}", _KEY: key.hex()})
         command = [sys.executable, "-m", "hvdlike.runner", *flags, "--", *program]
-        try:
-            returncode = _wait(subprocess.Popen(command, env=env))
-        finally:
-            with Client((address if listen != "0.0.0.0" else "127.0.0.1", port),
-                        authkey=key) as conn:  # ends _serve
-                conn.send(("done",))
-            server.join()
-    return _results(num_proc, returncode, outcomes)
+        returncode = _wait(subprocess.Popen(command, env=env))
+    return _results(num_proc, returncode, server.outcomes)
 
 
 def _wait(launcher: "subprocess.Popen[bytes]") -> int:
@@ -199,22 +186,77 @@ def _interface_address(interfaces: str) -> Optional[str]:
     return None
 
 
-def _serve(listener: Listener, job: bytes, outcomes: Dict[int, Tuple[str, Any]]) -> None:
-    """Answer the ranks until the caller says ``("done",)``: a ``("hello", rank)`` gets the
-    job, a ``(kind, rank, blob)`` is that rank's outcome."""
-    while True:
+def _address_of(host: str) -> str:
+    """The IPv4 address ``host`` (a name or an address) resolves to here."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError as exc:
+        raise ValueError(f"hvdlike.run: cannot tell which address of this machine the job's "
+                         f"hosts reach ({host!r}: {exc}); pass network_interface=") from exc
+
+
+class _Server:
+    """The caller's listener on ``address``: a ``("hello", rank)`` gets ``job``, a ``(kind,
+    rank, blob)`` is that rank's outcome (in ``outcomes``). Each connection is answered on a
+    thread of its own, at most ``_MOST_AT_ONCE`` at a time (the others wait in the kernel's
+    queue), and must take each step of the key check and its message within
+    ``_DEADLINE_S``: a connection that says nothing, or not the key, is closed then and holds
+    up no rank and no result."""
+
+    def __init__(self, address: str, key: bytes, job: bytes, backlog: int) -> None:
+        self._key, self._job = key, job
+        self.outcomes: Dict[int, Tuple[str, Any]] = {}
+        self._socket = socket.create_server((address, 0), backlog=max(128, backlog))
+        self.port = self._socket.getsockname()[1]
+        self._free = threading.Semaphore(_MOST_AT_ONCE)
+        self._answering: List[threading.Thread] = []
+        self._accepting = threading.Thread(target=self._accept, daemon=True,
+                                           name="hvdlike.run-listener")
+        self._accepting.start()
+
+    def __enter__(self) -> "_Server":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        """Stop listening; wait for the connections being answered (a rank's last outcome may
+        still be on its way in; a stranger's ends at its deadline)."""
+        self._socket.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        self._socket.close()
+        self._accepting.join()
+        for thread in list(self._answering):
+            thread.join()
+
+    def _accept(self) -> None:
+        while True:
+            self._free.acquire()
+            try:
+                conn, _ = self._socket.accept()
+            except OSError:  # closed: the job has ended
+                self._free.release()
+                return
+            thread = threading.Thread(target=self._answer, args=(conn,), daemon=True)
+            self._answering = [t for t in self._answering if t.is_alive()] + [thread]
+            thread.start()
+
+    def _answer(self, sock: socket.socket) -> None:
         try:
-            with listener.accept() as conn:
-                message = conn.recv()
-                if message[0] == "done":
-                    return
+            deadline = struct.pack("ll", _DEADLINE_S, 0)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, deadline)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, deadline)
+            with Connection(sock.detach()) as conn:
+                deliver_challenge(conn, self._key)
+                answer_challenge(conn, self._key)
+                message = conn.recv()  # unpickled only once the key is known to match
                 if message[0] == "hello":
-                    conn.send_bytes(job)
+                    conn.send_bytes(self._job)
                 else:
                     kind, rank, blob = message
-                    outcomes[rank] = (kind, blob)
-        except (OSError, EOFError, AuthenticationError):  # a connection that went wrong
-            continue
+                    self.outcomes[rank] = (kind, blob)
+        except Exception:  # noqa: BLE001 - a stranger, a timeout, a broken connection: its own
+            pass
+        finally:
+            sock.close()
+            self._free.release()
 
 
 def _results(num_proc: int, returncode: int,

@@ -48,6 +48,34 @@ def fails_on_rank_1() -> str:
     return "unreachable"
 
 
+STRANGER = """
+import socket, sys, time
+port = int(sys.argv[1])
+idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+partial = socket.create_connection(("127.0.0.1", port))
+partial.sendall(b"\\x00\\x00\\x00")  # the start of a message's length, never the rest
+print("connected", flush=True)
+time.sleep(300)
+"""
+
+
+def reduces_after_a_stranger_connects(pid_file: str) -> dict:
+    """Rank 0 first starts another process (left running) that holds idle and half-sent
+    connections to the caller's port; then every rank reduces as usual."""
+    import subprocess
+    import hvdlike as hvd
+    hvd.init()
+    if hvd.rank() == 0:
+        port = os.environ["HVDLIKE_RUN_ADDRESS"].rsplit(":", 1)[1]
+        stranger = subprocess.Popen(  # none of the rank's output: the job would wait for it
+            [sys.executable, "-c", STRANGER, port], start_new_session=True, text=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        with open(pid_file, "w") as f:
+            f.write(str(stranger.pid))
+        assert stranger.stdout.readline() == "connected\n"
+    return reduce_rank_arrays(2.0, offset=1.0)
+
+
 def sleeps() -> None:
     import os
     import time
@@ -57,7 +85,7 @@ def sleeps() -> None:
 
 def main() -> None:
     case, np_ = sys.argv[1], int(sys.argv[2])
-    where = {} if len(sys.argv) < 4 else {"hosts": sys.argv[3], "mpi_args": sys.argv[4]}
+    where = {} if len(sys.argv) < 5 else {"hosts": sys.argv[3], "mpi_args": sys.argv[4]}
     if len(sys.argv) > 5:
         where["network_interface"] = sys.argv[5]
     if case == "returns":
@@ -68,6 +96,10 @@ def main() -> None:
         results = hvdlike.run(reduce_rank_arrays, args=(2.0,), kwargs={"offset": 1.0},
                               num_proc=np_, start_timeout=30, use_gloo=True, disable_cache=True)
         print("horovod_arguments " + json.dumps(results), flush=True)
+    elif case == "stranger":  # argv[3]: where the stranger's process id is written
+        results = hvdlike.run(reduces_after_a_stranger_connects, args=(sys.argv[3],),
+                              num_proc=np_)
+        print("stranger " + json.dumps(results), flush=True)
     elif case == "listens":
         print("listens " + json.dumps(hvdlike.run(caller_answers_at, num_proc=np_, **where)),
               flush=True)
