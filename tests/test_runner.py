@@ -412,6 +412,34 @@ def _stale_session(base: Path, name: str, host: str) -> Path:
     return base / name
 
 
+def test_only_shared_memory_segments_no_process_maps_are_removed(tmp_path):
+    """Open MPI's sm BTL segments (16 MiB each) outlive a launcher killed with SIGKILL: those
+    of this user and host, older than a minute and mapped by no process, are removed."""
+    import mmap
+    from hvdlike.runtime import session_dirs
+    host, uid = socket.gethostname().split(".")[0], os.getuid()
+    segments = tmp_path / "shm"
+    segments.mkdir()
+
+    def segment(name: str, age_s: float = 600) -> Path:
+        path = segments / name
+        path.write_bytes(b"\0" * 4096)
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
+        return path
+
+    stale = [segment(f"sm_segment.{host}.{uid}.afbc0001.{r}") for r in range(2)]
+    in_use = segment(f"sm_segment.{host}.{uid}.1d3f0001.0")
+    kept = [in_use, segment(f"sm_segment.{host}.{uid}.b3a60001.0", age_s=5),  # being made
+            segment(f"sm_segment.{host}.{uid + 1}.afbc0001.0"),  # another user's
+            segment(f"sm_segment.another-host.{uid}.afbc0001.0"),  # its own processes
+            segment("unrelated")]
+    with open(in_use, "r+b") as f, mmap.mmap(f.fileno(), 4096):  # a running rank's
+        removed = session_dirs.remove_stale_segments(
+            {"OMPI_MCA_btl_sm_backing_directory": str(segments)}, hostname=host)
+    assert removed == [str(p) for p in stale]
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in kept)
+
+
 def test_only_the_session_dirs_of_dead_launchers_of_this_host_are_removed(tmp_path):
     from hvdlike.runtime import session_dirs
     dead = []
@@ -434,13 +462,14 @@ def test_only_the_session_dirs_of_dead_launchers_of_this_host_are_removed(tmp_pa
             _stale_session(tmp_path, f"ompi.{dead[2]}", "another-host")]  # its own process ids
     (tmp_path / "ompi.12").mkdir()  # no rendezvous file: not a session directory we know
     (tmp_path / "prted.13").write_text("")  # a file
-    removed = session_dirs.remove_stale({"TMPDIR": str(tmp_path)}, hostname=host)
+    no_segments = {"OMPI_MCA_btl_sm_backing_directory": str(tmp_path / "shm")}
+    removed = session_dirs.remove_stale({"TMPDIR": str(tmp_path), **no_segments}, hostname=host)
     assert sorted(removed) == sorted(str(p) for p in gone)
     assert not any(p.exists() for p in gone) and all(p.exists() for p in kept)
     assert (tmp_path / "ompi.12").is_dir() and (tmp_path / "prted.13").is_file()
     assert session_dirs.session_base({"TMPDIR": "/a", "PRTE_MCA_prte_tmpdir_base": "/b"}) == "/b"
     assert session_dirs.session_base({}) == "/tmp"
-    in_a_rank = {"PMIX_SERVER_TMPDIR": f"{tmp_path}/prted.77", "TMPDIR": "/a"}
+    in_a_rank = {"PMIX_SERVER_TMPDIR": f"{tmp_path}/prted.77", "TMPDIR": "/a", **no_segments}
     assert session_dirs.session_base(in_a_rank) == str(tmp_path)  # where its job's is
     under_slurm = {"PMIX_SERVER_TMPDIR": str(tmp_path / "pmix.8.0"), "TMPDIR": str(tmp_path)}
     _stale_session(tmp_path, f"ompi.{dead[0]}", host)

@@ -420,12 +420,48 @@ def _btl_job(np: int, *assignments: str):
 
 @EMBEDDED_OPEN_MPI
 @pytest.mark.parametrize("np", [1, 2])
-def test_a_one_node_job_leaves_out_the_fabric_btl(np):
+def test_a_one_node_job_leaves_out_the_fabric_and_tcp_btls(np):
     job = _btl_job(np)
     assert job.returncode == 0, job.output
-    assert sorted(job.lines("BTL")) == [f"BTL rank={r} ^ofi" for r in range(np)]
+    assert sorted(job.lines("BTL")) == [f"BTL rank={r} ^ofi,tcp" for r in range(np)]
     assert "found loaded component ofi" not in job.output
+    assert "found loaded component tcp" not in job.output
     assert "found loaded component sm" in job.output
+
+
+LISTENING_PROBE = """
+import os, numpy as np, hvdlike as hvd
+hvd.init()
+hvd.allreduce(np.ones(4))  # the job's transports are up
+mine = set()  # the inodes of this process's sockets
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # the listing's own descriptor, closed by now
+        continue
+    if target.startswith("socket:["):
+        mine.add(int(target[len("socket:["):-1]))
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for row in open(table).read().splitlines()[1:]:
+        fields = row.split()
+        if fields[3] == "0A" and int(fields[9]) in mine:  # LISTEN, one of this process's
+            print(f"LISTENS rank={hvd.rank()} {fields[1]}", flush=True)
+print(f"PROBED rank={hvd.rank()}", flush=True)
+"""
+
+
+@EMBEDDED_OPEN_MPI
+def test_the_ranks_of_a_one_node_job_listen_on_no_network_interface():
+    """Addresses in /proc/net/tcp{,6} are hex: 0100007F is 127.0.0.1; 00000000, every
+    interface (Open MPI's tcp BTL listened there before it was left out)."""
+    job = launch(2, ["env", "-u", "OMPI_MCA_btl", sys.executable, "-c", LISTENING_PROBE],
+                 timeout=60)
+    assert job.returncode == 0, job.output
+    assert sorted(job.lines("PROBED")) == ["PROBED rank=0", "PROBED rank=1"], job.output
+    beyond_loopback = [line for line in job.lines("LISTENS")
+                       if not line.split()[2].startswith(("0100007F:", "0000000000000000"
+                                                           "0000000001000000:"))]
+    assert beyond_loopback == [], job.output
 
 
 @EMBEDDED_OPEN_MPI
@@ -452,7 +488,7 @@ def test_btls_the_user_chose_are_kept(tmp_path, chosen):
     ({"SLURM_STEP_NUM_NODES": "2", "PMIX_RANK": "0"}, False),
     ({"PMIX_RANK": "0"}, False),  # some other launcher: not known to be one node
 ])
-def test_the_fabric_btl_stays_only_for_jobs_across_machines_with_an_rdma_device(
+def test_the_fabric_btl_stays_only_for_jobs_across_machines_with_an_rdma_device_and_tcp_across_machines(
         env, one_node, tmp_path):
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "libmpi.so.40").touch()
@@ -461,13 +497,17 @@ def test_the_fabric_btl_stays_only_for_jobs_across_machines_with_an_rdma_device(
     assert open_mpi_defaults.one_node_job(env) is one_node
     env = dict(env, HOME=str(tmp_path))
     no_device = dict(env)  # ofi finds no provider here, whatever the job
-    assert open_mpi_defaults.leave_out_fabric_btl(no_device, str(tmp_path), devices)
-    assert no_device["OMPI_MCA_btl"] == "^ofi"
+    assert open_mpi_defaults.leave_out_btls(no_device, str(tmp_path), devices)
+    assert no_device["OMPI_MCA_btl"] == ("^ofi,tcp" if one_node else "^ofi")
     (tmp_path / "sys" / "infiniband" / "mlx5_0").mkdir()  # an RDMA device: ofi may serve
-    assert open_mpi_defaults.leave_out_fabric_btl(env, str(tmp_path), devices) is one_node
-    assert env.get("OMPI_MCA_btl") == ("^ofi" if one_node else None)
+    assert open_mpi_defaults.leave_out_btls(env, str(tmp_path), devices) is one_node
+    assert env.get("OMPI_MCA_btl") == ("^ofi,tcp" if one_node else None)
+    elastic = dict(no_device, HVDLIKE_ELASTIC_MAX_NP="4")  # new ranks reach the others by tcp
+    del elastic["OMPI_MCA_btl"]
+    assert open_mpi_defaults.leave_out_btls(elastic, str(tmp_path), devices) is one_node
+    assert elastic.get("OMPI_MCA_btl") == ("^ofi" if one_node else None)
     site = {}  # another MPI than the embedded one: left as its site configured it
-    assert not open_mpi_defaults.leave_out_fabric_btl(site, str(tmp_path / "elsewhere"), [])
+    assert not open_mpi_defaults.leave_out_btls(site, str(tmp_path / "elsewhere"), [])
     assert "OMPI_MCA_btl" not in site
 
 
@@ -482,7 +522,7 @@ def test_a_btl_line_in_any_mca_parameter_file_keeps_open_mpis_choice(where, tmp_
         path.parent.mkdir(exist_ok=True)
         path.write_text("btl_tcp_if_include = lo\n")  # another parameter: not a choice of BTLs
     env = {"HOME": str(tmp_path), "OMPI_MCA_mca_base_param_files": str(files["named"])}
-    assert open_mpi_defaults.leave_out_fabric_btl(dict(env), prefix=str(tmp_path))
+    assert open_mpi_defaults.leave_out_btls(dict(env), prefix=str(tmp_path))
     files[where].write_text("btl_tcp_if_include = lo\nbtl=self,sm\n")
-    assert not open_mpi_defaults.leave_out_fabric_btl(env, prefix=str(tmp_path))
+    assert not open_mpi_defaults.leave_out_btls(env, prefix=str(tmp_path))
     assert "OMPI_MCA_btl" not in env

@@ -11,12 +11,17 @@ openpmix/openpmix#4046 (2026), newer than the PMIx of Open MPI 5.0.11; until the
 removes them before and after each launch, and ``hvd.init()`` on each node's first rank of a
 job that Open MPI's launcher started (``mpirun`` included): a plain ``mpirun`` cannot remove
 them before it starts, but every job that runs cleans its nodes for the next one.
+
+The ranks of such a job also leave their shared-memory BTL's segments
+(``/dev/shm/sm_segment.<host>.<uid>.<job>.<rank>``, 16 MiB each): the launcher removes them as
+the job ends. They are removed at the same times, where no process maps them any more.
 """
 import os
 import re
 import shutil
 import socket
-from typing import List, Mapping, Optional
+import time
+from typing import List, Mapping, Optional, Set
 
 _SESSION = re.compile(r"(?:ompi|prted)\.(\d+)")
 
@@ -79,7 +84,48 @@ def remove_stale(env: Mapping[str, str], hostname: Optional[str] = None) -> List
         if ours and not _running(pid):
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.path)
-    return removed
+    return removed + remove_stale_segments(env, host)
+
+
+_SEGMENT_MIN_AGE_S = 60.0  # younger ones may belong to a job whose ranks are mapping them now
+
+
+def remove_stale_segments(env: Mapping[str, str], hostname: Optional[str] = None) -> List[str]:
+    """Remove this user's Open MPI shared-memory segments of this host (in
+    ``btl_sm_backing_directory``, default /dev/shm) that no process maps and that are older
+    than a minute; returns their paths."""
+    directory = env.get("OMPI_MCA_btl_sm_backing_directory") or "/dev/shm"
+    host = (hostname or socket.gethostname()).split(".")[0]
+    prefix = f"sm_segment.{host}.{os.getuid()}."
+    now = time.time()
+    old = set()
+    try:
+        for entry in os.scandir(directory):
+            if entry.name.startswith(prefix) and entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                if st.st_uid == os.getuid() and now - st.st_mtime > _SEGMENT_MIN_AGE_S:
+                    old.add(entry.path)
+    except OSError:
+        return []
+    stale = sorted(old - _mapped(old)) if old else []
+    for path in stale:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return stale
+
+
+def _mapped(paths: Set[str]) -> Set[str]:
+    """Those of ``paths`` that a process of this machine maps (as far as /proc shows)."""
+    found: Set[str] = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                found.update(p for p in paths if p in f.read())
+        except OSError:  # ended, or another user's: not ours to judge
+            continue
+    return found
 
 
 def remove_stale_from_rank(env: Mapping[str, str]) -> List[str]:

