@@ -122,9 +122,10 @@ def _mapped(paths: Set[str]) -> Set[str]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/maps") as f:
-                found.update(p for p in paths if p in f.read())
+                maps = f.read()
         except OSError:  # ended, or another user's: not ours to judge
             continue
+        found.update(p for p in paths if p in maps)
     return found
 
 
