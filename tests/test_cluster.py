@@ -2,6 +2,7 @@
 hvdlike/testing/cluster.py): Open MPI launches its daemon on the second host, and hvdlike's
 topology, collectives and transports are right across them. Root only."""
 import json
+import re
 import os
 import shlex
 import shutil
@@ -475,6 +476,65 @@ def test_a_rank_killed_on_host_b(cluster, tmp_path, ulfm, replace):
         np.testing.assert_allclose(r["w"], _reference(sizes), rtol=1e-12, atol=1e-12)
     assert "WARNING: elastic: ranks [3] of 4 died; 3 ranks go on" in job.output
     assert ("a new rank joined as rank 3" in job.output) == replace
+
+
+FAULTS = {"HVDLIKE_COLLECTIVE_TIMEOUT_SECONDS": "20", "HVDLIKE_STALL_CHECK_TIME_SECONDS": "5"}
+TIMED_OUT = (r"hvdlikerun: the job failed after rank [01] of 4 \(pid \d+ on host {a}\) ended "
+             r"it: collective timeout \(HVDLIKE_COLLECTIVE_TIMEOUT_SECONDS=20\): (.*) has been "
+             r"inside MPI for [\d.]+ s on rank [01], waiting on ranks \[.*\] on hosts? .*{b}.*; "
+             r"nothing heard since from host {b} \(ranks 2, 3\): unreachable \(its network "
+             r"down\) or frozen, or its ranks stuck outside Python")
+
+
+@pytest.mark.parametrize("fault", ["link", "frozen", "killed"])
+def test_a_host_lost_mid_training_ends_the_job_naming_the_host(cluster, tmp_path, fault):
+    """2 hosts x 2 ranks under hvdlikerun on host A, HVDLIKE_COLLECTIVE_TIMEOUT_SECONDS=20. At
+    step 20 host B's link goes down (in Keras fit), or its ranks stop (SIGSTOP) or are
+    killed. The job ends within the timeout + 15 s of the fault; hvdlikerun's last line
+    names host B and, where the job timed out, the collective its ranks waited in."""
+    from test_elastic import LAST, last_line
+    if fault == "link":
+        pytest.importorskip("tensorflow", reason="needs TensorFlow (pip install -e .[tf])")
+    program = [sys.executable, str(REPO / "tests/mpi_cases/fault_cases.py"), fault,
+               str(tmp_path), cluster.link_device(1)]
+    env = dict(FAULTS, HVDLIKE_TEST_FIT="1" if fault == "link" else "0")
+    try:
+        job = _launch_2x2(cluster, program, env=env, timeout=240, runner=True)
+        ended = time.time()
+    finally:
+        cluster.set_link(1, up=True)
+        cluster.end_leftovers()  # host B's ranks, cut off or stopped
+    assert not job.timed_out and job.returncode != 0, job.output[-4000:]
+    assert "DONE" not in job.output
+    took = ended - float((tmp_path / "fault.txt").read_text())
+    a, b = cluster.names
+    last = last_line(job.output)
+    if fault == "killed":  # Open MPI ends such a job in seconds
+        found = re.fullmatch(LAST, last)
+        assert found and found.group(2) == b, job.output[-3000:]
+        assert took <= 15, f"ended {took:.1f} s after the fault"
+        return
+    found = re.fullmatch(TIMED_OUT.format(a=re.escape(a), b=re.escape(b)), last)
+    assert found, job.output[-4000:]
+    assert re.fullmatch(r"allreduce .* on the global process set|the engine's round .*",
+                        found.group(1)), found.group(1)
+    assert took <= 20 + 15, f"ended {took:.1f} s after the fault"
+
+
+def test_a_rank_busy_in_python_longer_than_the_collective_timeout_is_not_ended(cluster,
+                                                                              tmp_path):
+    """Rank 3 (host B) spins in a Python loop for 24 s, past the 5 s stall check and the
+    20 s timeout: its engine takes part in rounds meanwhile, so the job trains on."""
+    program = [sys.executable, str(REPO / "tests/mpi_cases/fault_cases.py"), "busy",
+               str(tmp_path)]
+    job = _launch_2x2(cluster, program, env=dict(FAULTS, HVDLIKE_TEST_BUSY_SECONDS="24"),
+                      timeout=180, runner=True)
+    assert job.returncode == 0 and "collective timeout" not in job.output, job.output[-4000:]
+    assert sorted(line.split()[1] for line in job.lines("DONE")) == [
+        f"rank={r}" for r in range(4)], job.output[-4000:]
+    for r in range(3):  # the stall inspector's warning, and no more
+        assert f"hvdlike[{r}]: WARNING: stalled: rank {r} has waited" in job.output
+    assert "which ranks [3] have not submitted" in job.output, job.output[-4000:]
 
 
 def test_a_collective_skipped_on_host_b_ends_every_rank_naming_rank_and_tensor(cluster):

@@ -122,9 +122,13 @@ def test_hostfile_and_host_list_naming_localhost_run_for_real(openmpi, tmp_path)
         assert ranks_printed(done.stdout) == [(0, 2), (1, 2)]
 
 
-@pytest.mark.parametrize("restarts", [[], ["--restarts", "2"]], ids=["plain", "restarts"])
-def test_sigterm_to_the_launcher_ends_every_rank(openmpi, restarts):
-    """... and a job with restarts left is not launched again."""
+@pytest.mark.parametrize("signum, restarts", [(signal.SIGTERM, []),
+                                               (signal.SIGINT, ["--restarts", "2"])],
+                         ids=["sigterm", "sigint-restarts"])
+def test_a_signal_to_the_launcher_ends_every_rank_and_is_named_last(openmpi, signum,
+                                                                    restarts):
+    """... a job with restarts left is not launched again, and hvdlikerun's last line and
+    exit status (128 + the signal) say it was the signal, not a crash."""
     script = ("import os, time; from mpi4py import MPI; "
               "print('ready', os.getpid(), flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-m", "hvdlike.runner", "-np", "2", *restarts,
@@ -133,10 +137,14 @@ def test_sigterm_to_the_launcher_ends_every_rank(openmpi, restarts):
                             stderr=subprocess.PIPE, text=True)
     try:
         pids = [int(proc.stdout.readline().split()[1]) for _ in range(2)]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=TIMEOUT) != 0
+        proc.send_signal(signum)
+        assert proc.wait(timeout=TIMEOUT) == 128 + signum
         assert proc.stdout.read() == ""  # no rank started again
-        assert "restart" not in proc.stderr.read()
+        said = proc.stderr.read()
+        assert "restart" not in said and "ended without hvdlike's shutdown" not in said
+        assert said.strip().splitlines()[-1] == (
+            f"hvdlikerun: the job was ended by {signal.Signals(signum).name} sent to "
+            f"hvdlikerun (exit status {128 + signum})"), said
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -146,6 +154,44 @@ def test_sigterm_to_the_launcher_ends_every_rank(openmpi, restarts):
     while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in pids), "ranks survived the launcher"
+
+
+_STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+             "signal.signal(signal.SIGINT, signal.SIG_IGN); print('ready', flush=True); "
+             "time.sleep(600)")
+
+
+def test_a_launcher_that_ignores_the_signal_passed_on_is_killed_after_the_abort_timeout():
+    """An MPI launcher stuck in its own abort (waiting on a host it cannot reach) ignores
+    SIGTERM: hvdlikerun's run_command kills it, and what it started, --abort-timeout later
+    and exits with 128 + the signal it got."""
+    wrapper = ("import sys; from hvdlike.runner.process import run_command; "
+               f"sys.exit(run_command([sys.executable, '-c', {_STUBBORN!r}], "
+               "__import__('os').environ, signal_grace=2))")
+    proc = subprocess.Popen([sys.executable, "-c", wrapper], cwd=REPO, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        stubborn = [p for p in _children(proc.pid)]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=TIMEOUT) == 128 + signal.SIGTERM
+        said = proc.stderr.read().strip().splitlines()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert said[-2].startswith("hvdlikerun: error: the job still runs 2 s after SIGTERM was "
+                               "passed on to "), said
+    assert said[-1] == "hvdlikerun: the job was ended by SIGTERM sent to hvdlikerun (exit " \
+                       "status 143)"
+    assert stubborn and not any(_alive(pid) for pid in stubborn)
+
+
+def _children(pid: int) -> List[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
 
 
 # what Open MPI prints when a rank meets an error under MPI_ERRORS_ARE_FATAL
@@ -428,7 +474,7 @@ def test_only_shared_memory_segments_no_process_maps_are_removed(tmp_path):
         return path
 
     stale = [segment(f"sm_segment.{host}.{uid}.afbc0001.{r}") for r in range(2)]
-    in_use = segment(f"sm_segment.{host}.{uid}.1d3f0001.0")
+    in_use = segment(f"sm_segment.{host}.{uid}.ffff0001.0")  # last in any order
     kept = [in_use, segment(f"sm_segment.{host}.{uid}.b3a60001.0", age_s=5),  # being made
             segment(f"sm_segment.{host}.{uid + 1}.afbc0001.0"),  # another user's
             segment(f"sm_segment.another-host.{uid}.afbc0001.0"),  # its own processes

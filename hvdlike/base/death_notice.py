@@ -32,7 +32,9 @@ from typing import Optional
 WATCH_VARIABLE = "HVDLIKE_DEATH_WATCH"  # address:port:token of hvdlikerun's death watch
 HELLO_BYTES = 512  # the most a rank's first line to the watch may take
 SHUTDOWN = b"shutdown\n"  # what a rank tells the watch before it shuts down
-ENDING = b"ending\n"  # ... before it ends the job itself, having said why
+ENDING = b"ending"  # ... before it ends the job itself, having said why (and a line of why)
+REASON_BYTES = 480  # the most of that line sent to the watch
+TIMED_OUT = "collective timeout"  # how the collective watchdog's reason begins
 ENDED = "ended without hvdlike's shutdown"  # said of a rank that died ...
 # ... and how it can have
 CAUSE = "killed (kill -9, the OOM killer), crashed or left by os._exit"
@@ -68,14 +70,16 @@ def start(rank: int, size: int) -> None:
         _watcher = None
 
 
-def quiet(ending: bool = False) -> None:
+def quiet(ending: bool = False, reason: str = "") -> None:
     """This process ends as hvdlike means it to: shutdown, or (``ending``) an end of the job
-    that it announced itself. The watch ends without a word."""
+    that it announced itself (``reason``: why, in one line, for the launcher's last line).
+    The watch ends without a word."""
     global _watcher, _watch
     watch, _watch = _watch, None
     if watch is not None:
+        why = " ".join(reason.split()).encode(errors="replace")[:REASON_BYTES]
         try:
-            watch.sendall(ENDING if ending else SHUTDOWN)
+            watch.sendall(ENDING + (b" " + why if why else b"") + b"\n" if ending else SHUTDOWN)
         except OSError:  # the launcher is gone
             pass
         watch.close()

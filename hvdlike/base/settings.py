@@ -118,6 +118,10 @@ VARIABLES = (
              "never)"),
     Variable("HVDLIKE_STALL_CHECK_DISABLE", "0",
              "1 turns the stall inspector off"),
+    Variable("HVDLIKE_COLLECTIVE_TIMEOUT_SECONDS", "600",
+             "a collective (or an engine round) still inside MPI after this long ends the rank "
+             "with a message naming it, so that the launcher ends the job: a lost host or a "
+             "frozen one (0: never)"),
     Variable("HVDLIKE_DEADLOCK_SECONDS", "10",
              "when every rank of a process set has been blocked waiting this long, each for "
              "names only the others could submit, those ranks raise DeadlockError naming what "
@@ -263,6 +267,7 @@ class Settings:
     stall_check: bool = True
     stall_check_time: float = 60.0
     stall_shutdown_time: float = 0.0
+    collective_timeout: float = 600.0
     deadlock_seconds: float = 10.0
     log_level: str = "warning"
     gpu_transport: str = "auto"
@@ -317,6 +322,8 @@ class Settings:
                                           cls.stall_check_time, zero=False),
             stall_shutdown_time=read_seconds(env, "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS",
                                              cls.stall_shutdown_time, zero=True),
+            collective_timeout=read_seconds(env, "HVDLIKE_COLLECTIVE_TIMEOUT_SECONDS",
+                                            cls.collective_timeout, zero=True),
             deadlock_seconds=read_seconds(env, "HVDLIKE_DEADLOCK_SECONDS",
                                           cls.deadlock_seconds, zero=True),
             log_level=read_log_level(env),

@@ -11,6 +11,7 @@ from .checks import Kind, raised_on_every_rank
 from .entries import NONAME_NAMES, Entry
 from .execute import RUNNERS
 from .rounds import Key
+from .watchdog import ROUND
 from .work import ALLREDUCES, Work, zeros_for
 
 if TYPE_CHECKING:
@@ -117,6 +118,7 @@ def count_unnamed(engine: "Engine", served: List[Key]) -> None:
 
 
 def guarded(engine: "Engine", run: Any, works: List[Work]) -> None:
+    engine.watchdog.enter(works)
     try:
         run()
     except Exception as exc:  # noqa: BLE001 - handed to the caller, raised there
@@ -126,6 +128,8 @@ def guarded(engine: "Engine", run: Any, works: List[Work]) -> None:
             handle = getattr(work.done, "__self__", None)
             if isinstance(handle, Handle) and not handle._done:
                 handle._complete(None, exc)
+    finally:
+        engine.watchdog.enter(ROUND)  # the rest of the round
 
 
 def discard(result: Any) -> None:

@@ -46,6 +46,7 @@ from .entries import NONAME_NAMES, NONAMES, Entry
 from .negotiation import Negotiation
 from .rounds import Detail, Flag, Key, Mine, Summary
 from .stall import StallInspector
+from .watchdog import ROUND, Watchdog
 from .work import Work, results
 from .world import World
 
@@ -112,6 +113,7 @@ class Engine:
         # HVDLIKE_AUTOTUNE: changes the knobs between samples of rounds (autotune.py)
         self.autotuner = autotune.start(st, sets.get(0), self._control.bcast, self.retune)
         self.failure: Optional[RanksFailedError] = None  # ranks died (ULFM): the engine is over
+        self.watchdog = Watchdog(st, sets)  # sees a round or a bucket stuck inside MPI
         self._thread = threading.Thread(target=self._run, name="hvdlike-engine", daemon=True)
         self._thread.start()
 
@@ -151,9 +153,11 @@ class Engine:
         ordinary round for every other rank: they cannot tell it from one run by ``wait``."""
         outcome: Any = latency.GENERAL
         if error is None and self._lock.acquire(blocking=False):
+            self.watchdog.enter(ROUND)
             try:
                 outcome = latency.direct(self, request, inputs, process_set)
             finally:
+                self.watchdog.leave()
                 self._lock.release()
             if type(outcome) is not Handle and outcome is not latency.GENERAL:
                 return outcome
@@ -215,6 +219,7 @@ class Engine:
             self._stopping = True
             self._cv.notify()
         self._thread.join()
+        self.watchdog.close()
         execute_gpu.reset()
         results.clear()  # the result arrays kept for reuse (up to 1 GiB)
         # revoked communicators (ranks died) have nothing to free together
@@ -286,10 +291,13 @@ class Engine:
                     self._round()
 
     def _round(self) -> None:
+        self.watchdog.enter(ROUND)
         try:
             self._negotiate_and_run()
         except BaseException as exc:
             failing.round_failed(self, exc)
+        finally:
+            self.watchdog.leave()
 
 
     def _negotiate_and_run(self) -> None:

@@ -71,6 +71,7 @@ def direct(engine: "Engine", request: Request, inputs: Any, process_set: Any) ->
     engine._busy = bool(summary.union & ~bit)  # work left somewhere after this
     engine._productive, engine._stuck = True, False
     engine.direct_runs += 1
+    engine.watchdog.enter(((request, process_set),))
     try:
         if request.kind in ALLREDUCES:
             return allreduce.allreduce_now(engine._st, request, inputs, process_set)

@@ -152,9 +152,12 @@ class StallInspector:
                  barrier)
 
 
-def exit_now(rank: int, message: str, barrier: Optional[Callable[[], None]] = None) -> None:
+def exit_now(rank: int, message: str, barrier: Optional[Callable[[], None]] = None,
+             linger: float = 0.0, reason: str = "") -> None:
     """Print ``message`` on stderr, save the timeline, wait for the other ranks (``barrier``)
-    so that each prints its message before the launcher ends the job, and exit with 1."""
+    so that each prints its message before the launcher ends the job, tell hvdlikerun why
+    (``reason``, default ``message``: its death watch), wait ``linger`` seconds more, and
+    exit with 1."""
     sys.stderr.write(f"hvdlike[{rank}]: ERROR: {message}\n")
     sys.stderr.flush()
     tl = timeline.current
@@ -162,5 +165,6 @@ def exit_now(rank: int, message: str, barrier: Optional[Callable[[], None]] = No
         tl.close()
     if barrier is not None:
         barrier()
-    death_notice.quiet(ending=True)  # this rank said why it ends
+    death_notice.quiet(ending=True, reason=reason or message)  # this rank said why it ends
+    time.sleep(linger)
     os._exit(1)

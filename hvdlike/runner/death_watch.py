@@ -5,14 +5,17 @@ printed notices (``hvdlike.base.death_notice``) can be cut off when Open MPI end
 at once. So ``hvdlikerun`` also listens on a TCP port of its own, on the address the job's
 hosts reach it at (``HVDLIKE_DEATH_WATCH``: ``address:port:token``, forwarded to every
 host). Each rank connects at ``hvd.init()`` and says who it is; before it ends as hvdlike
-means it to it says so: ``shutdown``, or ``ending`` when it ends the job itself (an uncaught
-exception, the stall inspector), having printed why. A connection that closes without either
-is a rank that died. The kernel closes a process's sockets as it dies, before its parent
+means it to it says so: ``shutdown``, or ``ending`` and a line of why when it ends the job
+itself (an uncaught exception, the stall inspector, the collective watchdog), having printed
+why. A connection that closes without either is a rank that died. The kernel closes a process's sockets as it dies, before its parent
 (Open MPI's daemon) is told, so the dead rank's connection closes before that of any rank
 that Open MPI ends because of the death. ``first_death`` names the rank whose connection
 closed first, unless a rank had announced the job's end before (then that rank's output
 says why the job ended, and the ranks Open MPI ended after it are no news), and only when
 every rank of the job has connected (a rank the watch does not see could have died first).
+``ended_by`` names the rank that announced the job's end and why; ``unheard`` the ranks that
+said nothing: after a collective timeout, those on a host that lost its network (their
+connections stay open) or was frozen.
 
 Its cost: one connection per rank, and one line of at most ``HELLO_BYTES`` at
 ``hvd.init()``; nothing per step. ``hvdlikerun`` raises its soft limit of open files to
@@ -29,10 +32,10 @@ import threading
 import time
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from ..base.death_notice import ENDING, HELLO_BYTES, SHUTDOWN, WATCH_VARIABLE
+from ..base.death_notice import ENDING, HELLO_BYTES, REASON_BYTES, SHUTDOWN, WATCH_VARIABLE
 from .command import LaunchError, reachable_address
 
-_MOST = HELLO_BYTES + max(len(ENDING), len(SHUTDOWN))  # what a rank may send in all
+_MOST = HELLO_BYTES + len(ENDING) + REASON_BYTES + 2  # what a rank may send in all
 HELLO_DEADLINE_S = 10.0  # for a connection to say who it is (a rank does as it connects)
 MOST_UNKNOWN = 128  # connections yet to say who they are, at once (below _OWN_FILES)
 
@@ -48,8 +51,9 @@ class DeathWatch:
         # the kernel caps the backlog (net.core.somaxconn); ranks that find it full retry
         self._listener = socket.create_server((address, 0), backlog=max(128, ranks))
         self._listener.setblocking(False)
-        self._events: List[Tuple[str, str]] = []  # ("died" or "ending", who), in order
-        self._hellos = 0  # ranks that have said who they are (since ``clear()``)
+        self._events: List[Tuple[str, str, str]] = []  # ("died" or "ending", who, why)
+        self._last_word: Dict[str, str] = {}  # who -> "", "ending", "shutdown" or "died"
+        self.ended_at: Optional[float] = None  # time.monotonic() of the first "ending"
         self._deaf = False  # the watch stopped accepting (out of file descriptors)
         self._lock = threading.Lock()
         self._caught_up = threading.Event()
@@ -69,19 +73,38 @@ class DeathWatch:
         (no death, a rank announced the job's end before, or the watch did not see every
         rank). Takes in first what happened before the call (waiting up to ``timeout`` s for
         this thread)."""
-        self._caught_up.clear()
-        self._wake_w.send(b"c")
-        self._caught_up.wait(timeout)
+        self._catch_up(timeout)
         with self._lock:
-            kind, who = self._events[0] if self._events else ("", "")
-            seen_all = not self._deaf and self._hellos >= self._ranks
+            kind, who, _ = self._events[0] if self._events else ("", "", "")
+            seen_all = not self._deaf and len(self._last_word) >= self._ranks
         return who if kind == "died" and seen_all else None
+
+    def ended_by(self, timeout: float = 2.0) -> Optional[Tuple[str, str]]:
+        """``(who, why)`` of the rank that announced the job's end before any rank died (its
+        one-line reason, or ""); None otherwise. Catches up as ``first_death`` does."""
+        self._catch_up(timeout)
+        with self._lock:
+            kind, who, why = self._events[0] if self._events else ("", "", "")
+        return (who, why) if kind == "ending" else None
+
+    def unheard(self) -> List[str]:
+        """The ranks that have said neither that they shut down nor that they end the job:
+        still connected, or gone without a word (as of the last catch-up)."""
+        with self._lock:
+            return [who for who, word in self._last_word.items() if word in ("", "died")]
 
     def clear(self) -> None:
         """Forget what was seen so far (a restarted job starts afresh)."""
         with self._lock:
             self._events.clear()
-            self._hellos = 0
+            self._last_word.clear()
+            self.ended_at = None
+
+    def _catch_up(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` s) for this thread to take in what happened before."""
+        self._caught_up.clear()
+        self._wake_w.send(b"c")
+        self._caught_up.wait(timeout)
 
     def close(self) -> None:
         self._wake_w.send(b"q")
@@ -170,16 +193,26 @@ class DeathWatch:
         if ours and newline and b"\n" not in before:
             unknown.pop(s, None)
             with self._lock:
-                self._hellos += 1
-        if ours and rest == ENDING and not before.endswith(ENDING):
+                self._last_word[who] = ""
+        word, whole, _ = rest.partition(b"\n")  # the rank's last word, once it is whole
+        ending = bool(whole) and word.split(b" ", 1)[0] == ENDING
+        if ours and ending and before.count(b"\n") < 2:  # just now
             with self._lock:
-                self._events.append(("ending", who))
+                self._events.append(("ending", who, word[len(ENDING) + 1:].decode(
+                    errors="replace")))
+                self._last_word[who] = "ending"
+                if self.ended_at is None:
+                    self.ended_at = time.monotonic()
+        if ours and rest == SHUTDOWN:
+            with self._lock:
+                self._last_word[who] = "shutdown"
         if data and ours:
             return
         _forget(sel, s, said, unknown)  # closed, or a stranger
-        if ours and rest not in (ENDING, SHUTDOWN):
+        if ours and not ending and rest != SHUTDOWN:
             with self._lock:
-                self._events.append(("died", who))
+                self._events.append(("died", who, ""))
+                self._last_word[who] = "died"
 
 
 def _forget(sel: selectors.BaseSelector, s: socket.socket, said: Dict[socket.socket, bytes],

@@ -66,8 +66,8 @@ def command_line() -> argparse.ArgumentParser:
                              "committed under --state-dir")
     parser.add_argument("--abort-timeout", type=float, default=ABORT_TIMEOUT, metavar="S",
                         help="end the job when it still runs S seconds after the MPI printed "
-                             f"an abort notice (default {ABORT_TIMEOUT:g}; 0: never; off "
-                             "with --elastic)")
+                             "an abort notice (off with --elastic) or after hvdlikerun was sent "
+                             f"SIGINT, SIGTERM or SIGHUP (default {ABORT_TIMEOUT:g}; 0: never)")
     parser.add_argument("--state-dir", metavar="DIR",
                         help="where hvdlike.elastic states commit to and resume from "
                              "(HVDLIKE_STATE_DIR)")
@@ -149,7 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         # under --elastic the survivors go on after a rank's error: a notice is not the end
         return run_with_restarts(cmd, env, args.restarts, 0.0 if elastic else args.abort_timeout,
-                                 deaths)
+                                 deaths, signal_grace=args.abort_timeout)
     finally:
         if deaths is not None:
             deaths.close()

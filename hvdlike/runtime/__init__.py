@@ -11,9 +11,10 @@ import dataclasses
 import functools
 import numbers
 import os
+import socket
 import sys
 from types import ModuleType
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import ending, launched_world, recovery_deadline, session_dirs, sets
 from .abort_notice import AbortNotice
@@ -39,6 +40,7 @@ class State:
     cross_size: int
     homogeneous: bool
     node_of_rank: List[int]  # per world rank: the world rank of its node's local rank 0
+    host_of_node: Dict[int, str]  # that rank's host name, by node
     engine: Any = None  # engine.engine.Engine: all collective communication goes through it
     previous_excepthook: Optional[Any] = None
     abort_notice: Optional[AbortNotice] = None  # under ULFM (abort_notice.py)
@@ -117,7 +119,9 @@ def _start(settings: Settings, MPI: ModuleType, transport: ModuleType, comm: Any
         local_rank, local_size = local_comm.Get_rank(), local_comm.Get_size()
         cross_comm = world.Split(color=local_rank, key=rank)
         made.append(cross_comm)
-        node_of_rank = world.allgather(local_comm.bcast(rank, root=0))
+        placed = world.allgather((local_comm.bcast(rank, root=0),
+                                  socket.gethostname() if local_rank == 0 else ""))
+        node_of_rank = [node for node, _ in placed]
         if settings.timeline or settings.autotune_log:  # before the engine's thread runs
             _open_output_files_on_every_rank(MPI, world, settings)
     except BaseException:
@@ -133,7 +137,7 @@ def _start(settings: Settings, MPI: ModuleType, transport: ModuleType, comm: Any
         local_comm=local_comm, local_rank=local_rank, local_size=local_size,
         cross_comm=cross_comm, cross_rank=cross_comm.Get_rank(),
         cross_size=cross_comm.Get_size(), homogeneous=len(set(local_sizes)) == 1,
-        node_of_rank=node_of_rank,
+        node_of_rank=node_of_rank, host_of_node={node: host for node, host in placed if host},
     )
     sets.bind_global(size, world)
     if size > 1 and ending.ulfm():  # every rank alike, whatever its abort_on_exception

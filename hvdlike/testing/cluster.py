@@ -262,6 +262,15 @@ exec nsenter --net=/run/netns/$ns --uts={self.dir}/$ns.uts -- /bin/sh -c "$*"
                 "--mca", "oob_tcp_if_include", self.subnet,
                 "--mca", "mpi_yield_when_idle", "1", "--bind-to", "none", "--oversubscribe"]
 
+    def link_device(self, host: int) -> str:
+        """The name of host ``host``'s link device (inside its namespace)."""
+        return self._dev(host)
+
+    def set_link(self, host: int, up: bool) -> None:
+        """Take host ``host``'s link down (a lost network) or bring it up again."""
+        self._in(self.names[host], ["ip", "link", "set", self._dev(host),
+                                    "up" if up else "down"])
+
     def link_bytes(self) -> Dict[str, int]:
         """Bytes each host has sent on its cluster link so far."""
         out = {}
