@@ -521,6 +521,30 @@ def test_a_host_lost_mid_training_ends_the_job_naming_the_host(cluster, tmp_path
     assert took <= 20 + 15, f"ended {took:.1f} s after the fault"
 
 
+def test_sigterm_to_hvdlikerun_ends_a_job_stuck_on_a_lost_host_within_the_abort_timeout(
+        cluster, tmp_path):
+    """Host B's link goes down at step 20 with the watchdog off: host A's ranks are stuck
+    inside MPI, and Open MPI's launcher cannot reach host B's daemon to end the job. 3 s
+    later hvdlikerun gets SIGTERM (from rank 0, as from a batch system): it passes it on and,
+    --abort-timeout (5 s) later, kills the launcher and what it started; exit status 143,
+    the last line names the signal."""
+    from test_elastic import last_line
+    program = [sys.executable, str(REPO / "tests/mpi_cases/fault_cases.py"),
+               "link-then-sigterm", str(tmp_path), cluster.link_device(1)]
+    try:
+        job = _launch_2x2(cluster, program, timeout=120, runner=True,
+                          env={"HVDLIKE_COLLECTIVE_TIMEOUT_SECONDS": "0"})
+        ended = time.time()
+    finally:
+        cluster.set_link(1, up=True)
+        cluster.end_leftovers()
+    assert not job.timed_out and job.returncode == 128 + signal.SIGTERM, job.output[-4000:]
+    assert last_line(job.output) == ("hvdlikerun: the job was ended by SIGTERM sent to "
+                                     "hvdlikerun (exit status 143)"), job.output[-4000:]
+    took = ended - float((tmp_path / "fault.txt").read_text())
+    assert took <= 3 + 5 + 10, f"ended {took:.1f} s after the fault"
+
+
 def test_a_rank_busy_in_python_longer_than_the_collective_timeout_is_not_ended(cluster,
                                                                               tmp_path):
     """Rank 3 (host B) spins in a Python loop for 24 s, past the 5 s stall check and the

@@ -10,7 +10,9 @@ on one host, its last rank) do FAULT:
 - ``frozen``: each stops itself (SIGSTOP);
 - ``killed``: each kills itself (SIGKILL);
 - ``busy``: the last rank spins in a Python loop for ``HVDLIKE_TEST_BUSY_SECONDS``, then
-  trains on; the job must complete.
+  trains on; the job must complete;
+- ``link-then-sigterm``: as ``link``, and 3 s later rank 0 sends SIGTERM to the
+  ``hvdlikerun`` that started the job (its launcher's parent), as a batch system would.
 
 The faulty ranks write the time of the fault to ``FOLDER/fault.txt`` (the output of a host
 that lost its link never arrives); every rank that finishes prints ``DONE rank=<r> <sum>``.
@@ -20,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -31,6 +34,10 @@ STEPS = 60
 
 
 def fault(kind: str, folder: str, link: str, faulty: list) -> None:
+    if kind == "link-then-sigterm":
+        if hvd.rank() == 0:
+            threading.Timer(3.0, os.kill, (_parent(_parent(os.getpid())), signal.SIGTERM)).start()
+        kind = "link"
     if hvd.rank() not in faulty:
         return
     first = hvd.rank() == faulty[0]
@@ -52,6 +59,11 @@ def fault(kind: str, folder: str, link: str, faulty: list) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     elif kind == "killed":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rpartition(")")[2].split()[1])
 
 
 class FaultAt:
