@@ -20,7 +20,8 @@ TensorFlow. Variants, each one timed "step" (all ranks start it after a barrier)
 * grouped_huge: grouped, from tensors that are views of one array on huge pages;
 * with ``--tf``, what TensorFlow code sees: ``hvdlike.tensorflow.grouped_allreduce`` of the
   same values as TensorFlow tensors (in TensorFlow's memory), in a ``tf.function``
-  (tf_function) and eagerly (tf_eager).
+  (tf_function) and eagerly (tf_eager), and one ``hvdlike.tensorflow.allreduce`` per tensor
+  in one ``tf.function`` (tf_function_per_tensor, as Horovod users write custom loops).
 
 The last two separate fusion from page size. NumPy asks for transparent huge pages for arrays
 of 4 MiB and more, so the flat array gets them and most of the 214 tensors do not; the
@@ -58,7 +59,7 @@ from bench_output import figure, markdown_table, write_json
 
 Shape = Tuple[int, ...]
 VARIANTS = ("grouped", "loop", "async_loop", "flat", "raw_flat", "flat_4k", "grouped_huge")
-TF_VARIANTS = ("tf_function", "tf_eager")
+TF_VARIANTS = ("tf_function", "tf_function_per_tensor", "tf_eager")
 TARGET_GROUPED_FLAT = 1.05
 TARGET_LOOP_GROUPED = 1.5
 
@@ -184,7 +185,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply each tensor's element count by this (smoke runs; default 1)")
     p.add_argument("--tf", action="store_true",
-                   help="also time the TensorFlow frontend (tf_function, tf_eager)")
+                   help="also time the TensorFlow frontend (tf_function, "
+                        "tf_function_per_tensor: one allreduce per tensor, tf_eager)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0 or args.scale <= 0:
@@ -228,7 +230,10 @@ def tf_variants(tensors: List[np.ndarray]) -> Tuple[Dict[str, Callable[[], objec
     inputs = [tf.constant(t) for t in tensors]
     compiled = tf.function(
         lambda ts: hvd_tf.grouped_allreduce(ts, op=hvd_tf.Average, name="tf_function"))
+    per_tensor = tf.function(lambda ts: [hvd_tf.allreduce(t, op=hvd_tf.Average, name=f"pt{i}")
+                                         for i, t in enumerate(ts)])
     return {"tf_function": lambda: compiled(inputs),
+            "tf_function_per_tensor": lambda: per_tensor(inputs),
             "tf_eager": lambda: hvd_tf.grouped_allreduce(inputs, op=hvd_tf.Average,
                                                          name="tf_eager")}, inputs
 
