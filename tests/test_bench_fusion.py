@@ -48,6 +48,9 @@ def test_bench_huge_pages_compares_both_settings_and_writes_json_and_png(tmp_pat
         assert len(r["off_ms"]) == len(r["on_ms"]) == 1 and r["median_off_over_on"] > 0
     for setting in ("off", "on"):  # each job checked its results and timed the TF variants
         fusion = json.loads((tmp_path / f"{setting}_0" / "bench_fusion_np2.json").read_text())
-        assert set(fusion["results"]) == VARIANTS | {"tf_function", "tf_eager"}
-        assert set(fusion["tf_frontend"]) == {"tf_function_over_grouped", "tf_eager_over_grouped"}
+        assert set(fusion["results"]) == VARIANTS | {"tf_function", "tf_function_per_tensor",
+                                                     "tf_eager"}
+        assert set(fusion["tf_frontend"]) == {"tf_function_over_grouped",
+                                              "tf_function_per_tensor_over_grouped",
+                                              "tf_eager_over_grouped"}
     assert (tmp_path / "bench_huge_pages.png").stat().st_size > 1000
