@@ -31,8 +31,12 @@ def dtype_error(dtype: np.dtype) -> Optional[str]:
     """Return why ``dtype`` is not accepted, or None if it is."""
     if dtype in _SUPPORTED_SET:
         return None
-    return (f"dtype {dtype} is not supported; supported dtypes are {_SUPPORTED_NAMES}: "
-            f"cast the array first (for example x.astype(np.float32))")
+    if dtype.kind in "USOV":  # strings, bytes, Python objects, records: no cast helps
+        advice = ("for strings and other Python objects use hvdlike.broadcast_object or "
+                  "hvdlike.allgather_object")
+    else:
+        advice = "cast the array first (for example x.astype(np.float32))"
+    return f"dtype {dtype} is not supported; supported dtypes are {_SUPPORTED_NAMES}: {advice}"
 
 
 def reduce_dtype(dtype: np.dtype) -> np.dtype:
