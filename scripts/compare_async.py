@@ -4,7 +4,7 @@
     python scripts/compare_async.py [--quick] [--out results/compare_async]
 
 Run it WITHOUT mpirun: it starts one job per run (through ``hvdlikerun``). Every run trains
-the seeds' CNN (examples/keras_mnist.py) on the same synthetic MNIST-shaped images, from the
+the example's CNN (examples/keras_mnist.py) on the same synthetic MNIST-shaped images, from the
 same initial weights, with Adam (lr 0.001), until it has applied the same number of
 examples, in these modes:
 
