@@ -53,13 +53,16 @@ def api_entries() -> Dict[str, List[Tuple[str, Any, str]]]:
     documented where they are reached, by name."""
     seen: Dict[int, str] = {}
     out: Dict[str, List[Tuple[str, Any, str]]] = {}
+    later = {id(getattr(importlib.import_module(m), n)) for m, _ in MODULES[1:]
+             for n in public_names(m)}
     for module_name, _ in MODULES:
         module = importlib.import_module(module_name)
         entries = out.setdefault(module_name, [])
+        lazy = set(getattr(module, "_LAZY_MODULE_OF", {}))
         for name in public_names(module_name):
             obj = getattr(module, name)
-            if id(obj) in seen:
-                continue
+            if id(obj) in seen or (name in lazy and id(obj) in later):
+                continue  # a TensorFlow name ``hvdlike`` offers lazily: under its own module
             where = (home(obj, module_name) if inspect.isclass(obj) or inspect.isfunction(obj)
                      else f"{module_name}.{name}")
             seen[id(obj)] = where

@@ -40,7 +40,7 @@ def file_name(source: Path, stem: str, command: Callable[[str, str], List[str]])
 def build(source: Path, stem: str, command: Callable[[str, str], List[str]],
           timeout: float = 300.0) -> str:
     """Path of the shared library built from ``source`` by ``command(source, output)``,
-    building it on first use; raises :class:`BuildError` saying why it cannot be built."""
+    building it on first use; raises ``BuildError`` saying why it cannot be built."""
     if not sys.platform.startswith("linux"):
         raise BuildError(f"hvdlike builds its native parts on Linux only, not {sys.platform}")
     name = file_name(source, stem, command)

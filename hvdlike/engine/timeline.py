@@ -4,7 +4,7 @@
 ``hvd.stop_timeline()`` or shutdown ends it. Each rank writes its own file: rank 0 writes
 ``path`` itself (where Horovod's one file is), rank r > 0 writes ``path`` with ``.rank<r>``
 before the extension (``timeline.json`` -> ``timeline.rank1.json``, ...); see
-:func:`rank_file`. No traffic between ranks, and a rank that dies leaves what it had written.
+``rank_file``. No traffic between ranks, and a rank that dies leaves what it had written.
 Events are written out after every engine round that made some, so the file can be read while
 training runs (a JSON array that is closed on stop). In the file, each request name is a row
 with its phases:

@@ -3,7 +3,7 @@
 Every collective has ONE implementation: a function on NumPy arrays that submits a request
 to the hvdlike engine and returns how to wait for it.  Eager mode calls it and waits at once;
 in a graph (``tf.function``, as Keras ``fit`` compiles its train step, or a v1 graph) it is
-a submit op and a wait op (see :func:`run`).  Shapes are set statically on the graph
+a submit op and a wait op (see ``run``).  Shapes are set statically on the graph
 outputs wherever they are known.
 
 Requests pair across ranks by name (an explicit ``name=``, or in a graph the op's name;
@@ -14,7 +14,7 @@ ranks and their values; the NumPy API raises ``hvdlike.CollectiveMismatchError``
 ``tf.function``, TensorFlow reports that error, raised inside a Python function op, as
 ``UnknownError``; its message keeps ours, prefixed ``FailedPreconditionError``. A bad value
 on any rank raises ``tf.errors.InvalidArgumentError`` on every rank
-(:class:`CollectiveInputError`), eager and in a graph.  A v1 graph's wait ops (the
+(``CollectiveInputError``), eager and in a graph.  A v1 graph's wait ops (the
 ``HvdlikeWait`` kernel) keep both classes.
 """
 import itertools
@@ -115,7 +115,7 @@ def _outputs(wait):
     """Call a submit's wait function. A disagreement between ranks becomes
     ``tf.errors.FailedPreconditionError`` (in a graph TensorFlow wraps it in UnknownError);
     bad input (a ``ValueError`` on every rank) or a process set this rank cannot use becomes
-    :class:`CollectiveInputError` (in a graph TensorFlow turns it into
+    ``CollectiveInputError`` (in a graph TensorFlow turns it into
     ``InvalidArgumentError`` itself), as in Horovod."""
     try:
         return wait()
@@ -139,7 +139,7 @@ def run(what, submit, inputs, out_dtypes, out_shapes, process_set=None, name=Non
     to the engine and returns a function that waits and returns the outputs (a list).
 
     Eager: submit and wait at once (``op_name`` None: an unnamed request pairs in call order).
-    Graph: a submit op and a wait op (:func:`submit_op`, :func:`wait_op`); a
+    Graph: a submit op and a wait op (``submit_op``, ``wait_op``); a
     ``process_set`` that is not registered raises ``ValueError`` here, as in Horovod. A
     ``name`` that is not a string raises ``TypeError`` here (in a graph: when traced).
     """
@@ -189,7 +189,7 @@ def wait_op(what, keys, out_dtypes, out_shapes):
     outputs, in order.  Not chained to anything: ranks that build independent collectives in
     different orders submit all of them before any wait blocks.  In a tf.compat.v1 graph
     (its ``tf.cond`` branches included) it is the asynchronous ``HvdlikeWait`` kernel
-    (:mod:`.wait_kernel`), which holds no TensorFlow thread while it waits; in a
+    (``.wait_kernel``), which holds no TensorFlow thread while it waits; in a
     ``tf.function`` (whose submits run in program order) and where that kernel is missing,
     a ``tf.numpy_function``."""
     name = _op_base_name(what) + "Wait"

@@ -14,13 +14,13 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-import hvdlike as _core
+from hvdlike import ProcessSet, global_process_set
 from hvdlike import process_sets as _process_sets
 
 
 def shard_dataset(dataset: Any, policy: str = "DATA", num_shards: Optional[int] = None,
                   index: Optional[int] = None,
-                  process_set: _core.ProcessSet = _core.global_process_set) -> Any:
+                  process_set: ProcessSet = global_process_set) -> Any:
     """Return this rank's shard of ``dataset`` (``policy``: "DATA" or "FILE").
 
     Every rank passes the same dataset (same element order).  ``num_shards``/``index``

@@ -44,7 +44,7 @@ def from_core(value: Any, dtype: tf.DType) -> tf.Tensor:
     on a 64-byte boundary (as the core lays them out) are shared through DLPack too, where
     ``tf.convert_to_tensor`` would copy them (24 ms for 100 MB on a 2-vCPU VM). Nothing
     else writes such an array while a tensor holds it: the core reuses a result's memory
-    only once nothing refers to it (:mod:`hvdlike.engine.buffers`)."""
+    only once nothing refers to it (``hvdlike.engine.buffers``)."""
     if not type(value).__module__.startswith("cupy"):
         if (isinstance(value, np.ndarray) and value.nbytes >= _SHARE_BYTES
                 and value.dtype.kind in "fiu" and value.dtype == dtype.as_numpy_dtype

@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdlike as _core
+from hvdlike import ProcessSet, global_process_set
 from hvdlike.tensorflow import bridge
 
 
@@ -34,7 +35,7 @@ def _fused_broadcast(root_rank, process_set):
 
 
 def broadcast_variables(variables: Sequence[Any], root_rank: int,
-                        process_set: _core.ProcessSet = _core.global_process_set,
+                        process_set: ProcessSet = global_process_set,
                         inplace: bool = False) -> Any:
     """Assign ``root_rank``'s values to ``variables`` on every rank.
 
@@ -82,9 +83,9 @@ def _broadcast_assigns(variables, root_rank, process_set):
 
 
 def broadcast_(variables: Sequence[Any], root_rank: int, name: Optional[str] = None,
-               process_set: _core.ProcessSet = _core.global_process_set) -> List[Any]:
+               process_set: ProcessSet = global_process_set) -> List[Any]:
     """Horovod's in-place broadcast: assign ``root_rank``'s values to ``variables`` (see
-    :func:`broadcast_variables`) and return them; in a ``tf.compat.v1`` graph, return the
+    ``broadcast_variables``) and return them; in a ``tf.compat.v1`` graph, return the
     assign ops' results, which broadcast and assign when run."""
     variables = _variables(variables, "broadcast_")
     if tf.compat.v1.executing_eagerly_outside_functions():
@@ -135,7 +136,7 @@ def _plain(obj, session=None):
 
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
                      name: Optional[str] = None,
-                     process_set: _core.ProcessSet = _core.global_process_set) -> Any:
+                     process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s ``obj`` (any picklable value; TF tensors as NumPy) on every rank.
     In a tf.compat.v1 graph, tensors in ``obj`` are evaluated in ``session`` (default: the
     default session)."""
@@ -145,16 +146,16 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
 
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[str] = None,
-                        process_set: _core.ProcessSet = _core.global_process_set
+                        process_set: ProcessSet = global_process_set
                         ) -> Callable[[Any], Any]:
     """A function ``fn(obj)`` that returns ``root_rank``'s ``obj`` on every rank (Horovod's
-    name; see :func:`broadcast_object`)."""
+    name; see ``broadcast_object``)."""
     def fn(obj):
         return broadcast_object(obj, root_rank, session, name, process_set)
     return fn
 
 
 def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
-                     process_set: _core.ProcessSet = _core.global_process_set) -> List[Any]:
+                     process_set: ProcessSet = global_process_set) -> List[Any]:
     """Return ``[obj of rank 0, obj of rank 1, ...]`` on every rank (TF tensors as NumPy)."""
     return _core.allgather_object(_plain(obj, session), name=name, process_set=process_set)

@@ -1,5 +1,5 @@
 """Collectives that move rows of TensorFlow values, with gradients: allgather (and grouped),
-broadcast, alltoall. How they run, eager and in a graph: :mod:`.bridge`.
+broadcast, alltoall. How they run, eager and in a graph: ``.bridge``.
 """
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -61,7 +61,7 @@ def allgather(tensor: Any, name: Optional[str] = None,
 
 def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
-    """Allgather a list of tensors in one call; returns a list (see :func:`allgather`)."""
+    """Allgather a list of tensors in one call; returns a list (see ``allgather``)."""
     tensors = [bridge.to_tensor(t, "grouped_allgather", name)
                for t in _listed(tensors, "hvdlike.tensorflow.grouped_allgather")]
     if not tensors:

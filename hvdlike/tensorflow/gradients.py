@@ -4,7 +4,7 @@ MPIStrategy.
 Eagerly, all dense gradients of one call go through one fused grouped allreduce per group
 (one group by default).  In a graph (a compiled train step) they go in buckets of about
 ``HVDLIKE_OVERLAP_BUCKET`` bytes, each submitted as soon as backprop has computed it, so
-communication overlaps the rest of the backward pass (see :func:`allreduce_gradients`).
+communication overlaps the rest of the backward pass (see ``allreduce_gradients``).
 ``None`` gradients stay ``None``.
 ``tf.IndexedSlices`` are allgathered (values and indices) unless ``sparse_as_dense=True``.
 """
@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import tensorflow as tf
 
 import hvdlike as _core
-from hvdlike import Adasum, Average, Sum
+from hvdlike import Adasum, Average, ProcessSet, Sum, global_process_set
 from hvdlike import process_sets as _process_sets
 from hvdlike import runtime as _runtime
 from hvdlike.base.log import logger as _logger
@@ -91,7 +91,7 @@ def allreduce_gradients(tensors: List[Any], name: Optional[str],
                         postscale_factor: float = 1.0, compression: Any = Compression.none,
                         sparse_as_dense: bool = False) -> List[Any]:
     """Allreduce a step's gradients (dense tensors or IndexedSlices); the arguments after
-    ``variables`` as for :func:`hvdlike.tensorflow.grouped_allreduce`.
+    ``variables`` as for ``hvdlike.tensorflow.grouped_allreduce``.
 
     Eagerly every gradient exists already: one fused grouped call.  In a graph with
     ``HVDLIKE_OVERLAP`` on, the gradients, last to first (the order backprop produces them in),
@@ -167,7 +167,7 @@ class GradientReducer:
 
     def __init__(self, compression: Any = Compression.none, sparse_as_dense: bool = False,
                  op: Any = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                 groups: Any = None, process_set: _core.ProcessSet = _core.global_process_set,
+                 groups: Any = None, process_set: ProcessSet = global_process_set,
                  name: Optional[str] = None, owner: str = "DistributedOptimizer",
                  scale_local_gradients: bool = True) -> None:
         op = as_reduce_op(op)

@@ -1,7 +1,7 @@
 """Reductions on TensorFlow values, with gradients: allreduce (dense, grouped, sparse) and
 reducescatter. How a collective on TensorFlow values runs, eager and in a graph, and how its
-errors surface: :mod:`.bridge`; the collectives without gradients they are built from:
-:mod:`.primitives`.
+errors surface: ``.bridge``; the collectives without gradients they are built from:
+``.primitives``.
 """
 from typing import Any, List, Optional, Sequence
 
@@ -113,7 +113,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
                       sparse_as_dense: bool = False) -> List[Any]:
     """Allreduce a list of tensors in one fused operation; returns a list.
 
-    Same contract as :func:`allreduce`, element by element: every rank passes the
+    Same contract as ``allreduce``, element by element: every rank passes the
     same number of tensors with matching dtypes and shapes.
     """
     op = bridge.normalize_op(op, average, "grouped_allreduce")
@@ -214,7 +214,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[tf.Tensor]:
-    """Reducescatter a list of tensors in one call (see :func:`reducescatter`)."""
+    """Reducescatter a list of tensors in one call (see ``reducescatter``)."""
     check_compression(compression, "hvdlike.tensorflow.grouped_reducescatter")
     tensors = [bridge.to_tensor(t, "grouped_reducescatter", name)
                for t in _listed(tensors, "hvdlike.tensorflow.grouped_reducescatter")]

@@ -10,8 +10,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import tensorflow as tf
 
-import hvdlike as _core
-from hvdlike import Average
+from hvdlike import Average, ProcessSet, global_process_set
 from hvdlike.tensorflow import compat, keras_patches, optimizer_v1
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import GradientReducer
@@ -46,7 +45,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, device_dens
                          op: Any = Average, backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, num_groups: int = 0,
                          groups: Any = None,
-                         process_set: _core.ProcessSet = _core.global_process_set,
+                         process_set: ProcessSet = global_process_set,
                          scale_local_gradients: bool = True, use_locking: bool = False) -> Any:
     """Wrap a Keras optimizer so that every step applies gradients reduced over ranks.
 
@@ -131,7 +130,7 @@ def PartialDistributedOptimizer(optimizer: Any, name: Optional[str] = None,
                                 gradient_predivide_factor: float = 1.0, op: Any = Average,
                                 backward_passes_per_step: int = 1,
                                 average_aggregated_gradients: bool = False, groups: Any = None,
-                                process_set: _core.ProcessSet = _core.global_process_set,
+                                process_set: ProcessSet = global_process_set,
                                 local_layers: Any = None, scale_local_gradients: bool = True,
                                 use_locking: bool = False) -> Any:
     """``DistributedOptimizer`` whose ``local_layers``' gradients stay local (not reduced;

@@ -7,8 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-import hvdlike as _core
-from hvdlike import Average
+from hvdlike import Average, global_process_set
 from hvdlike.tensorflow import compat, control_ops, optimizer_v1
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import GradientReducer, backward_passes, variable_key
@@ -34,7 +33,7 @@ class GradientAggregation:
 
 
 class _DistributedMixin:
-    """Mixed into the user's optimizer class by :func:`DistributedOptimizer`."""
+    """Mixed into the user's optimizer class by ``DistributedOptimizer``."""
 
     _hvd_settings = {}
 
@@ -45,7 +44,7 @@ class _DistributedMixin:
     def _hvd_configure(self, compression=Compression.none, sparse_as_dense=False,
                        gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
                        average_aggregated_gradients=False, num_groups=0, groups=None,
-                       process_set=_core.global_process_set, scale_local_gradients=True,
+                       process_set=global_process_set, scale_local_gradients=True,
                        name=None):
         bpps = backward_passes(backward_passes_per_step)
         reducer = GradientReducer(compression=compression, sparse_as_dense=sparse_as_dense,

@@ -7,13 +7,14 @@ The wrapped optimizer's ``compute_gradients`` reduces the gradients over the pro
 the same ``GradientReducer`` as ``DistributedGradientTape`` (in a graph, the gradients go to
 the engine in buckets, each as soon as backprop has computed it); ``apply_gradients`` is the original one, so
 ``minimize`` works as before. With ``op=Adasum`` the weight updates are combined instead
-(:class:`AdasumOptimizerV1`, Horovod's semantics).
+(``AdasumOptimizerV1``, Horovod's semantics).
 """
 from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 import hvdlike as _core
+from hvdlike import ProcessSet, global_process_set
 from hvdlike.tensorflow.functions import broadcast_variables
 from hvdlike.tensorflow.gradients import GradientReducer, backward_passes
 
@@ -264,7 +265,7 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
     no effect."""
 
     def __init__(self, root_rank: int, device: str = "",
-                 process_set: _core.ProcessSet = _core.global_process_set) -> None:
+                 process_set: ProcessSet = global_process_set) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.process_set = process_set

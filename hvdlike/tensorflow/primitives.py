@@ -1,7 +1,7 @@
 """The collectives on TensorFlow values without gradients, that the ops with gradients
-(:mod:`.ops`, :mod:`.gather_ops`) are built from and call for each other's gradients; and the
+(``.ops``, ``.gather_ops``) are built from and call for each other's gradients; and the
 two halves of a graph all-reduce that the gradient code overlaps with backprop
-(:func:`allreduce_submit`, :func:`allreduce_wait`)."""
+(``allreduce_submit``, ``allreduce_wait``)."""
 from typing import Any, List, NamedTuple, Optional, Sequence
 
 import tensorflow as tf
@@ -28,7 +28,7 @@ def allreduce_submit_fn(op, prescale_factor, postscale_factor, name, process_set
 
 def allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process_set):
     """Allreduce a list of dense tensors in ONE fused core call (in a graph, the small ones
-    cross packed: :mod:`hvdlike.tensorflow.packing`)."""
+    cross packed: ``hvdlike.tensorflow.packing``)."""
     if not tensors:
         return []
     if tf.executing_eagerly():
@@ -42,7 +42,7 @@ def allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process_
 
 class Submitted(NamedTuple):
     """A graph all-reduce handed to the engine: its submit op's key, and how its tensors
-    cross (:class:`~hvdlike.tensorflow.packing.Packing`)."""
+    cross (``hvdlike.tensorflow.packing.Packing``)."""
 
     key: tf.Tensor
     packing: Packing
@@ -53,7 +53,7 @@ def allreduce_submit(tensors: Sequence[tf.Tensor], op: Any, prescale_factor: flo
                      postscale_factor: float, name: Optional[str],
                      process_set: _core.ProcessSet) -> Submitted:
     """Graph only: the submit half of an allreduce of dense tensors (one request; grouped when
-    there are several), for :func:`allreduce_wait`."""
+    there are several), for ``allreduce_wait``."""
     packing = Packing(tensors, op)
     crossing = packing.pack(tensors)
     submit = allreduce_submit_fn(op, prescale_factor, postscale_factor, name, process_set,
@@ -63,7 +63,7 @@ def allreduce_submit(tensors: Sequence[tf.Tensor], op: Any, prescale_factor: flo
 
 def allreduce_wait(submitted: Sequence[Submitted]) -> List[tf.Tensor]:
     """Graph only: one op that waits for the allreduces ``submitted`` (from
-    :func:`allreduce_submit`); returns their results, one request after the other."""
+    ``allreduce_submit``); returns their results, one request after the other."""
     crossing = [c for s in submitted for c in s.crossing]
     outs = bridge.wait_op("allreduce", [s.key for s in submitted], [c.dtype for c in crossing],
                           [c.shape for c in crossing])

@@ -8,7 +8,7 @@ Code written for ``tf.distribute.MultiWorkerMirroredStrategy`` runs under
 Design.  ``MPIStrategy`` subclasses ``tf.distribute.MultiWorkerMirroredStrategy`` (so
 Keras treats it as multi-worker: global logs, ``predict`` gathered from all ranks) but its
 internals are ``MirroredStrategy``'s over this process's device(s) (one GPU per process,
-chosen by local rank, or the CPU) with :class:`MPICrossDeviceOps` as its
+chosen by local rank, or the CPU) with ``MPICrossDeviceOps`` as its
 ``tf.distribute.CrossDeviceOps``; TF's gRPC collective runtime is never started.  Values
 are first summed over the process's local replicas and then reduced across ranks by the
 hvdlike engine: one fused call per ``batch_reduce`` eagerly, requests in buckets
@@ -340,7 +340,7 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     ``MirroredStrategy`` with one process per GPU) under ``mpirun``/``srun``/``hvdlikerun``.
     Every rank creates it (it calls ``hvdlike.init()`` if needed) with the same arguments.
 
-    ``devices``: this process's devices (default: :func:`default_devices`, one GPU by
+    ``devices``: this process's devices (default: ``default_devices``, one GPU by
     local rank, or the CPU).  ``process_set``: the ranks taking part (default: all).
     ``compression``: ``hvdlike.tensorflow.Compression`` applied to reductions.
 
@@ -377,7 +377,7 @@ class MPIStrategy(tf.distribute.MultiWorkerMirroredStrategy):
 
     @property
     def cluster_resolver(self) -> MPIClusterResolver:
-        """An :class:`MPIClusterResolver` (``task_type`` "worker", ``task_id`` = rank)."""
+        """An ``MPIClusterResolver`` (``task_type`` "worker", ``task_id`` = rank)."""
         return self.extended._cluster_resolver  # pylint: disable=protected-access
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> "MPIStrategy":

@@ -3,15 +3,14 @@ from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
-import hvdlike as _core
-from hvdlike import Sum
+from hvdlike import Sum, global_process_set
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow import ops as _ops
 
 
 def global_moments(x: tf.Tensor, axes: Sequence[int], keepdims: bool,
                    weights: Optional[tf.Tensor] = None,
-                   process_set: Any = _core.global_process_set) -> Any:
+                   process_set: Any = global_process_set) -> Any:
     """Mean and variance of ``x`` over ``axes`` and over every rank of ``process_set``: each
     rank's sums (of x, of x², of the sample weights) travel in one all-reduce, so ranks with
     different batch sizes count by their samples. 16-bit inputs are summed in float32."""
@@ -46,7 +45,7 @@ class SyncBatchNormalization(compat.keras().layers.BatchNormalization):
     also ``process_set=`` to normalize over a process set."""
 
     def __init__(self, *args: Any, fused: Optional[bool] = False,
-                 process_set: Any = _core.global_process_set, **kwargs: Any) -> None:
+                 process_set: Any = global_process_set, **kwargs: Any) -> None:
         if fused is not False:
             raise ValueError(f"hvdlike SyncBatchNormalization: fused={fused!r} is not "
                              "supported: the fused kernel computes each rank's own statistics. "

@@ -3,8 +3,7 @@ from typing import Any
 
 import tensorflow as tf
 
-import hvdlike as _core
-from hvdlike import Average
+from hvdlike import Average, ProcessSet, global_process_set
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import GradientReducer, remember_tape_results
@@ -34,7 +33,7 @@ class _DistributedGradientTape(tf.GradientTape):
         return tf.nest.pack_sequence_as(grads, reduced)
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None):
-        """Horovod's: :meth:`gradient`'s results as two lists of ``(source, gradient)``:
+        """Horovod's: ``gradient``'s results as two lists of ``(source, gradient)``:
         the sources whose gradients stay local, then the others."""
         sources = tf.nest.flatten(sources)
         local, shared = [], []
@@ -48,7 +47,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
                             sparse_as_dense: bool = False, op: Any = Average,
                             gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                             groups: Any = None,
-                            process_set: _core.ProcessSet = _core.global_process_set,
+                            process_set: ProcessSet = global_process_set,
                             scale_local_gradients: bool = True) -> tf.GradientTape:
     """Wrap a ``tf.GradientTape`` so that ``gradient()`` returns gradients reduced over ranks.
 
@@ -57,7 +56,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     Every rank must call ``gradient`` for the same sources.  All dense gradients of one
     call are reduced in one fused allreduce (``num_groups``/``groups`` split it);
     ``None`` gradients stay ``None`` (they must be ``None`` on every rank).
-    ``op``: Average (default), Sum or Adasum.  See :class:`GradientReducer` for the rest.
+    ``op``: Average (default), Sum or Adasum.  See ``GradientReducer`` for the rest.
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError("hvdlike.tensorflow.DistributedGradientTape expects a "
@@ -87,7 +86,7 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    sparse_as_dense: bool = False, op: Any = Average,
                                    gradient_predivide_factor: float = 1.0,
                                    num_groups: int = 0, groups: Any = None,
-                                   process_set: _core.ProcessSet = _core.global_process_set,
+                                   process_set: ProcessSet = global_process_set,
                                    local_layers: Any = None,
                                    scale_local_gradients: bool = True) -> tf.GradientTape:
     """``DistributedGradientTape`` whose ``local_layers``' gradients stay local (not reduced;

@@ -18,7 +18,7 @@ by every rank (it is a collective).
 TensorFlow's gRPC servers bind the wildcard address of their port (every interface) and
 take no bind address; ``export_tf_config`` has the rank's server listen on the address it
 publishes only, through the bind shim that ``hvdlikerun`` preloads
-(:mod:`hvdlike.base.bind_shim`), and warns where a rank runs without it.
+(``hvdlike.base.bind_shim``), and warns where a rank runs without it.
 """
 import ipaddress
 import json
@@ -27,6 +27,7 @@ import socket
 from typing import Any, Dict, Optional, Sequence
 
 import hvdlike as _core
+from hvdlike import ProcessSet, global_process_set
 from hvdlike.base import bind_shim, log
 
 ROLES = ("chief", "worker", "evaluator", "ps")
@@ -84,7 +85,7 @@ def _roles_for(size, chief, evaluator, roles):
 def tf_config(chief: bool = False, evaluator: bool = False,
               roles: Optional[Sequence[str]] = None, host: Optional[str] = None,
               port: int = 0,
-              process_set: _core.ProcessSet = _core.global_process_set) -> Dict[str, Any]:
+              process_set: ProcessSet = global_process_set) -> Dict[str, Any]:
     """Build this rank's ``TF_CONFIG`` dict from the MPI world (a collective).
 
     Every rank must call it with the same ``chief``/``evaluator``/``roles``.  Default: every
@@ -126,9 +127,9 @@ def _format_host(address):
 
 def export_tf_config(chief: bool = False, evaluator: bool = False,
                      roles: Optional[Sequence[str]] = None, host: Optional[str] = None,
-                     port: int = 0, process_set: _core.ProcessSet = _core.global_process_set,
+                     port: int = 0, process_set: ProcessSet = global_process_set,
                      overwrite: bool = False, num_ps: int = 0) -> Dict[str, Any]:
-    """Compute :func:`tf_config` and store it as JSON in ``os.environ["TF_CONFIG"]``.
+    """Compute ``tf_config`` and store it as JSON in ``os.environ["TF_CONFIG"]``.
 
     Call it on every rank before the first TensorFlow operation runs (at least before the
     strategy is created: MultiWorkerMirroredStrategy configures TensorFlow's collective

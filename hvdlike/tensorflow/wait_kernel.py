@@ -3,7 +3,7 @@
 A tf.compat.v1 session runs each collective as a submit op and a wait op. A wait op made of
 ``tf.numpy_function`` holds one of the session's inter-op threads until every rank has
 submitted; a run of more independent collectives than threads could stall. The
-``HvdlikeWait`` kernel is asynchronous: it hands its keys to :meth:`WaitKernel._on_wait`
+``HvdlikeWait`` kernel is asynchronous: it hands its keys to ``WaitKernel._on_wait``
 and returns; once the requests behind them are complete (``Handle.add_done_callback``) the
 thread ``hvdlike-tf-wait`` copies their outputs into the op's and finishes it, errors
 with their TensorFlow status (``FailedPreconditionError`` when ranks disagree,

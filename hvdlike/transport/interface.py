@@ -3,7 +3,7 @@ of the rounds' control collectives.
 
 MPI moves every collective on any buffers; an on-node transport all-reduces host arrays faster
 where a process set's members share a node (or, hierarchically, node by node). Each one is a
-class that has the methods of :class:`HostAllreduce` and one :class:`OnNodeTransport` entry
+class that has the methods of ``HostAllreduce`` and one ``OnNodeTransport`` entry
 in ``transport.group.ON_NODE``, which says how to build it and from how many bytes a bucket
 may use it; ``transport.group.Group.select`` picks among them by bytes and topology.
 """

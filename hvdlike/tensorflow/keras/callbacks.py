@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Unio
 import numpy as np
 
 import hvdlike as _core
+from hvdlike import ProcessSet, global_process_set
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.functions import broadcast_variables
 from hvdlike.tensorflow.gradients import variable_key
@@ -41,7 +42,7 @@ class BroadcastGlobalVariablesCallback(_keras.callbacks.Callback):
 
     def __init__(self, root_rank: int = 0, device: str = "",
                  local_variables: Optional[Sequence[Any]] = None,
-                 process_set: _core.ProcessSet = _core.global_process_set) -> None:
+                 process_set: ProcessSet = global_process_set) -> None:
         super().__init__()
         self.root_rank = root_rank
         self.process_set = process_set
@@ -81,7 +82,7 @@ class MetricAverageCallback(_keras.callbacks.Callback):
     """
 
     def __init__(self, device: str = "",
-                 process_set: _core.ProcessSet = _core.global_process_set) -> None:
+                 process_set: ProcessSet = global_process_set) -> None:
         super().__init__()
         self.process_set = process_set
 
