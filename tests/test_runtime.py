@@ -433,34 +433,40 @@ LISTENING_PROBE = """
 import os, numpy as np, hvdlike as hvd
 hvd.init()
 hvd.allreduce(np.ones(4))  # the job's transports are up
-mine = set()  # the inodes of this process's sockets
-for fd in os.listdir("/proc/self/fd"):
-    try:
-        target = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:  # the listing's own descriptor, closed by now
-        continue
-    if target.startswith("socket:["):
-        mine.add(int(target[len("socket:["):-1]))
+owner = {}  # socket inode -> this rank, or its parent: the MPI's launcher on this machine
+for who, pid in (("rank", os.getpid()), ("launcher", os.getppid())):
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        if target.startswith("socket:["):
+            owner[int(target[len("socket:["):-1])] = who
 for table in ("/proc/net/tcp", "/proc/net/tcp6"):
     for row in open(table).read().splitlines()[1:]:
         fields = row.split()
-        if fields[3] == "0A" and int(fields[9]) in mine:  # LISTEN, one of this process's
-            print(f"LISTENS rank={hvd.rank()} {fields[1]}", flush=True)
-print(f"PROBED rank={hvd.rank()}", flush=True)
+        if fields[3] == "0A" and int(fields[9]) in owner:  # LISTEN, a socket of ours
+            print(f"LISTENS rank={hvd.rank()} {owner[int(fields[9])]} {fields[1]}", flush=True)
+print(f"PROBED rank={hvd.rank()} launcher={open(f'/proc/{os.getppid()}/comm').read().strip()}",
+      flush=True)
 """
 
 
 @EMBEDDED_OPEN_MPI
-def test_the_ranks_of_a_one_node_job_listen_on_no_network_interface():
-    """Addresses in /proc/net/tcp{,6} are hex: 0100007F is 127.0.0.1; 00000000, every
-    interface (Open MPI's tcp BTL listened there before it was left out)."""
+def test_a_one_node_job_listens_on_no_network_interface_but_loopback():
+    """The ranks and Open MPI's launcher (prterun, the ranks' parent) of a job under
+    hvdlikerun. Addresses in /proc/net/tcp{,6} are hex: 0100007F is 127.0.0.1, ...01000000
+    is ::1; 00000000 is every interface (where Open MPI's tcp BTL and prterun's out-of-band
+    channel listened before)."""
     job = launch(2, ["env", "-u", "OMPI_MCA_btl", sys.executable, "-c", LISTENING_PROBE],
                  timeout=60)
     assert job.returncode == 0, job.output
-    assert sorted(job.lines("PROBED")) == ["PROBED rank=0", "PROBED rank=1"], job.output
-    beyond_loopback = [line for line in job.lines("LISTENS")
-                       if not line.split()[2].startswith(("0100007F:", "0000000000000000"
-                                                           "0000000001000000:"))]
+    assert sorted(job.lines("PROBED")) == ["PROBED rank=0 launcher=prterun",
+                                           "PROBED rank=1 launcher=prterun"], job.output
+    listens = job.lines("LISTENS")
+    assert any(" launcher " in line for line in listens), job.output  # it listens: where?
+    beyond_loopback = [line for line in listens if not line.split()[3].startswith(
+        ("0100007F:", "00000000000000000000000001000000:"))]
     assert beyond_loopback == [], job.output
 
 

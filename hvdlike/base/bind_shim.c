@@ -6,6 +6,12 @@
  * TF_CONFIG), a bind() of the wildcard address on PORT binds to IP instead: an IPv6 socket
  * gets IP's IPv4-mapped form, so the server listens on that one address only.  Every other
  * bind() -- other ports, explicit addresses, no variable set -- is passed through unchanged.
+ *
+ * HVDLIKE_BIND_LOOPBACK=1 (hvdlikerun sets it in a job on one machine) turns every bind of
+ * a wildcard address into one of the loopback address (127.0.0.1, ::1) in the MPI's launcher
+ * (a program named in LAUNCHERS): Open MPI's prterun would listen on every interface for its
+ * out-of-band channel, and has no setting for its bind address.  The ranks, which inherit
+ * the variable, are other programs: their binds pass through.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -21,6 +27,19 @@ typedef int (*bind_function)(int, const struct sockaddr *, socklen_t);
 /* Looked up by hvdlike (ctypes) to tell whether this shim is loaded. */
 int hvdlike_bind_shim_loaded = 1;
 
+static const char *const LAUNCHERS[] = {"prterun", "prte", "prted", "mpirun", "mpiexec",
+                                        "orterun", "orted", NULL};
+static int loopback_only;  /* a launcher, loaded with HVDLIKE_BIND_LOOPBACK=1 */
+
+__attribute__((constructor)) static void read_loopback_setting(void) {
+    const char *value = getenv("HVDLIKE_BIND_LOOPBACK");
+    if (!value || strcmp(value, "1") != 0)
+        return;
+    for (const char *const *name = LAUNCHERS; *name; name++)
+        if (strcmp(program_invocation_short_name, *name) == 0)
+            loopback_only = 1;
+}
+
 static bind_function next_bind(void) {
     static bind_function real;
     if (!real)
@@ -28,7 +47,35 @@ static bind_function next_bind(void) {
     return real;
 }
 
+/* ``addr`` with a wildcard address replaced by the loopback one (into ``copy``), or NULL. */
+static const struct sockaddr *on_loopback(const struct sockaddr *addr, socklen_t len,
+                                          struct sockaddr_storage *copy) {
+    if (addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        struct sockaddr_in *a = (struct sockaddr_in *)copy;
+        *a = *(const struct sockaddr_in *)addr;
+        if (a->sin_addr.s_addr != htonl(INADDR_ANY))
+            return NULL;
+        a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        return (const struct sockaddr *)a;
+    }
+    if (addr->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)copy;
+        *a = *(const struct sockaddr_in6 *)addr;
+        if (!IN6_IS_ADDR_UNSPECIFIED(&a->sin6_addr))
+            return NULL;
+        a->sin6_addr = in6addr_loopback;
+        return (const struct sockaddr *)a;
+    }
+    return NULL;
+}
+
 int bind(int fd, const struct sockaddr *addr, socklen_t len) {
+    if (loopback_only && addr) {
+        struct sockaddr_storage copy;
+        const struct sockaddr *local = on_loopback(addr, len, &copy);
+        if (local)
+            return next_bind()(fd, local, len);
+    }
     const char *spec = getenv("HVDLIKE_TF_BIND");
     const char *ip_text = spec ? strchr(spec, '=') : NULL;
     if (!ip_text || !addr)

@@ -5,8 +5,10 @@ MultiWorkerMirroredStrategy and ParameterServerStrategy start) listens on every 
 of its host: it binds ``0.0.0.0:PORT`` and has no option for an address. ``bind_shim.c``,
 preloaded into each rank (``LD_PRELOAD``), turns a bind of the wildcard address on one
 port into a bind of one address: ``export_tf_config`` sets ``HVDLIKE_TF_BIND=PORT=IP`` to
-the port and address the rank publishes in ``TF_CONFIG``. Without that variable the shim
-changes nothing.
+the port and address the rank publishes in ``TF_CONFIG``. In a job on one machine
+``hvdlikerun`` also sets ``HVDLIKE_BIND_LOOPBACK=1``: the MPI's launcher (Open MPI's
+``prterun``, which it preloads too) then binds its listeners to loopback instead of every
+interface. Without those variables the shim changes nothing.
 
 ``hvdlikerun`` preloads it (Linux, with a C compiler: built once with ``cc`` into
 ``~/.cache/hvdlike``, or ``$XDG_CACHE_HOME/hvdlike``). Under a plain ``mpirun`` or ``srun``:

@@ -201,6 +201,8 @@ KNOWN_NAMES = frozenset({v.name for v in VARIABLES} | {
     # set by hvdlikerun, hvdlike.run and TF_CONFIG emulation for the ranks
     "HVDLIKE_RESTART", "HVDLIKE_RUN_ADDRESS", "HVDLIKE_RUN_AUTHKEY", "HVDLIKE_TF_BIND",
     "HVDLIKE_TF_CONFIG_HOST", "HVDLIKE_DEATH_WATCH",
+    # set by hvdlikerun for its bind shim in the MPI's launcher
+    "HVDLIKE_BIND_LOOPBACK",
     # read by hvdlikerun
     "HVDLIKE_TF_STARTUP_LOGS",
     # read by scripts/ (set-up, the test Slurm cluster, the GPU check)

@@ -81,6 +81,22 @@ def parse_hosts(hosts: str) -> List[Tuple[str, Optional[int]]]:
     return parsed
 
 
+# a batch system's allocation, whose hosts Open MPI's mpirun finds itself
+ALLOCATIONS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "PE_HOSTFILE")
+
+
+def on_this_machine(hosts: Optional[str], hostfile: Optional[str],
+                    env: Mapping[str, str]) -> bool:
+    """Whether every rank runs on this machine: no hosts given outside a batch allocation,
+    or hosts that are all this machine (False where the host list cannot be read)."""
+    if hosts or hostfile:
+        try:
+            return reachable_address(hosts, hostfile).startswith("127.")
+        except (OSError, LaunchError):
+            return False
+    return not any(env.get(name) for name in ALLOCATIONS)
+
+
 def reachable_address(hosts: Optional[str], hostfile: Optional[str]) -> str:
     """This machine's address as the job's other hosts reach it: the source address of the
     route to the first host that is not this machine (no packet is sent); 127.0.0.1 when

@@ -33,7 +33,7 @@ import time
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from ..base.death_notice import ENDING, HELLO_BYTES, REASON_BYTES, SHUTDOWN, WATCH_VARIABLE
-from .command import LaunchError, reachable_address
+from .command import LaunchError, on_this_machine, reachable_address
 
 _MOST = HELLO_BYTES + len(ENDING) + REASON_BYTES + 2  # what a rank may send in all
 HELLO_DEADLINE_S = 10.0  # for a connection to say who it is (a rank does as it connects)
@@ -243,10 +243,6 @@ def _allow_open_files(count: int) -> None:
         pass
 
 
-# a batch system's allocation, whose hosts Open MPI's mpirun finds itself
-_ALLOCATIONS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "PE_HOSTFILE")
-
-
 def for_job(hosts: Optional[str], hostfile: Optional[str], env: Mapping[str, str],
             ranks: int = 0) -> Optional[DeathWatch]:
     """A watch on the address the job's hosts reach this machine at: 127.0.0.1 for a job on
@@ -256,7 +252,7 @@ def for_job(hosts: Optional[str], hostfile: Optional[str], env: Mapping[str, str
     try:
         if hosts or hostfile:
             address = reachable_address(hosts, hostfile)
-        elif any(env.get(name) for name in _ALLOCATIONS):
+        elif not on_this_machine(hosts, hostfile, env):  # in a batch allocation
             address = socket.gethostbyname(socket.gethostname())
             if address.startswith("127."):  # other hosts could not reach it
                 return None

@@ -20,6 +20,7 @@ from .command import (
     elastic_args,
     format_command,
     local_cores,
+    on_this_machine,
     uses_srun,
 )
 from .mpi_flavor import Flavor
@@ -140,6 +141,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if deaths is not None:
             deaths.close()
         parser.error(str(exc))
+    shim = bind_shim.library()
+    if (not srun and shim and shim in env.get("LD_PRELOAD", "").replace(":", " ").split()
+            and on_this_machine(args.hosts, args.hostfile, env)):
+        # the bind shim keeps the MPI's launcher off every interface but loopback (its
+        # out-of-band channel has no bind setting); the ranks do not inherit this
+        env["HVDLIKE_BIND_LOOPBACK"] = "1"
     line = format_command(cmd, env)
     if args.dry_run:
         print(line, flush=True)
