@@ -7,9 +7,9 @@ hosts reach it at (``HVDLIKE_DEATH_WATCH``: ``address:port:token``, forwarded to
 host). Each rank connects at ``hvd.init()`` and says who it is; before it ends as hvdlike
 means it to it says so: ``shutdown``, or ``ending`` and a line of why when it ends the job
 itself (an uncaught exception, the stall inspector, the collective watchdog), having printed
-why. A connection that closes without either is a rank that died. The kernel closes a process's sockets as it dies, before its parent
-(Open MPI's daemon) is told, so the dead rank's connection closes before that of any rank
-that Open MPI ends because of the death. ``first_death`` names the rank whose connection
+why. A connection that closes without either is a rank that died. The kernel closes a
+process's sockets as it dies, before its parent (Open MPI's daemon) is told, so the dead
+rank's connection closes before that of any rank that Open MPI ends because of the death. ``first_death`` names the rank whose connection
 closed first, unless a rank had announced the job's end before (then that rank's output
 says why the job ended, and the ranks Open MPI ended after it are no news), and only when
 every rank of the job has connected (a rank the watch does not see could have died first).
@@ -145,7 +145,8 @@ class DeathWatch:
                     try:
                         self._read(sel, s, said, unknown)
                     except Exception:  # noqa: BLE001 - whatever a stranger sent: its own end
-                        _forget(sel, s, said, unknown)
+                        if s in said:
+                            _forget(sel, s, said, unknown)
             now = time.monotonic()
             for conn in [c for c, deadline in unknown.items() if deadline <= now]:
                 _forget(sel, conn, said, unknown)  # said nothing, or not enough, in time
