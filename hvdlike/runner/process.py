@@ -13,6 +13,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..base.death_notice import CAUSE, ENDED, TIMED_OUT
 from ..runtime import session_dirs
+from ..runtime.launched_world import parent_of
 from . import startup_noise
 from .abort_watch import OutputWatch
 from .death_watch import DeathWatch
@@ -162,14 +163,9 @@ def kill_tree(proc: subprocess.Popen) -> None:
     and agents, which a killed launcher would leave running)."""
     children: Dict[int, List[int]] = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
+        parent = parent_of(int(entry)) if entry.isdigit() else None
+        if parent is not None:
+            children.setdefault(parent, []).append(int(entry))
     tree, i = [proc.pid], 0
     while i < len(tree):
         tree.extend(children.get(tree[i], []))

@@ -51,14 +51,14 @@ def _is_self_or_ancestor(pid: int) -> bool:
     """Whether ``pid`` is this process or one it descends from (its parent's parent, ...)."""
     chain = [os.getpid(), os.getppid()]
     while pid not in chain and chain[-1] > 1 and len(chain) < _MOST_LEVELS:
-        parent = _parent(chain[-1])
+        parent = parent_of(chain[-1])
         if parent is None:
             break
         chain.append(parent)
     return pid in chain
 
 
-def _parent(pid: int) -> Optional[int]:
+def parent_of(pid: int) -> Optional[int]:
     """The parent of ``pid`` (Linux's /proc), or None where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
