@@ -293,3 +293,24 @@ def test_deadlocks_are_the_blocked_ranks_that_wait_only_on_each_other(waits, pen
         for r in want:
             (name, kind), = waits[r]
             assert f"rank {r} waits for {kind} {name!r}" in found.message
+
+
+def test_a_deadlock_of_ranks_that_ran_different_numbers_of_steps_says_so():
+    # rank 0 waits for its 65th step's gradients, which rank 1 made 64 times before it went on
+    # to the epoch's end; rank 1 waits for the metric average rank 0 has not reached
+    keys = [(0, "MetricAverageCallback"), (0, "gradient/dense/bias+3")]
+    waits = [[(keys[1], "grouped_allreduce")], [(keys[0], "allreduce")]]
+    uneven = deadlock.find(waits, [False, False], keys, [0b10, 0b01], lambda s: range(2),
+                           made=[[0, 65], [1, 64]])
+    assert uneven is not None and uneven.ranks == (0, 1)
+    assert uneven.message.startswith(
+        "hvdlike: deadlock: the ranks ran different numbers of steps (uneven data?): rank 0 "
+        "waits for its 65th grouped_allreduce 'gradient/dense/bias+3', which rank 1 made 64 "
+        "times and went on; rank 1 waits for allreduce 'MetricAverageCallback', which ranks "
+        "[0] have not submitted."), uneven.message
+    assert "UnevenDataCallback" in uneven.message and "drop_remainder" in uneven.message
+    # the same waits on the first call of each name: calls made in different orders
+    ordered = deadlock.find(waits, [False, False], keys, [0b10, 0b01], lambda s: range(2),
+                            made=[[0, 1], [1, 0]])
+    assert ordered is not None and "different numbers of steps" not in ordered.message
+    assert "have all ranks make their calls in the same order" in ordered.message

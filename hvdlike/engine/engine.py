@@ -88,6 +88,9 @@ class Engine:
         self._cv = threading.Condition(self._qlock)  # wakes the background thread
         self._queue: List[Entry] = []
         self._noname: Dict[int, int] = {}
+        # how many times this rank has submitted each (set, name): a deadlock report tells
+        # ranks that ran different numbers of steps from ranks that call in another order
+        self.made: Dict[Key, int] = {}
         self._stopping = False
         self._lock = threading.Lock()  # held while a round runs; guards everything below
         self._pending: Dict[Key, Entry] = {}
@@ -138,7 +141,9 @@ class Engine:
                                    "rank; no more collectives can be submitted")
             if request.name is None:
                 request = self._named(request, process_set.process_set_id)
-            self._queue.append(Entry(request, error, inputs, process_set, handle))
+            entry = Entry(request, error, inputs, process_set, handle)
+            self.made[entry.key] = self.made.get(entry.key, 0) + 1
+            self._queue.append(entry)
             if wake:
                 self._cv.notify()
         return handle

@@ -77,7 +77,7 @@ def mine(engine: "Engine", uncached: List[Tuple[Key, Request, Any]],
                                      and len(engine._pending) > len(fresh))
     return Mine(engine._bits, uncached, bool(engine._pending) or engine._joined_round >= 0,
                 engine._joined_round, engine._stopping, engine._stall.flag, detail, blocked,
-                blocked_on, engine._pending)
+                blocked_on, engine._pending, engine.made)
 
 
 def waits(engine: "Engine") -> List[Tuple[Key, str]]:

@@ -4,7 +4,7 @@
 outcome (``Round``); ``negotiation`` makes and reads them."""
 import enum
 import struct
-from typing import Collection, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -38,6 +38,7 @@ class Mine(NamedTuple):
     blocked: int = 0  # the deadlock word (all ones when blocked and a check is due)
     waits: Sequence[Tuple[Key, str]] = ()  # (key, kind) its blocked threads wait for
     pending: Collection[Key] = ()  # every key it has pending (the deadlock check asks)
+    made: Mapping[Key, int] = {}  # how many times it has submitted each key (the same)
 
 
 class Summary(NamedTuple):

@@ -6,4 +6,5 @@ from hvdlike.tensorflow.keras.callbacks import (  # noqa: F401
     LearningRateWarmupCallback,
     MetricAverageCallback,
     ModelCheckpoint,
+    UnevenDataCallback,
 )

@@ -3,18 +3,21 @@ import contextlib
 import numbers
 import os
 import shutil
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
 import hvdlike as _core
 from hvdlike import ProcessSet, global_process_set
+from hvdlike.base.log import logger
 from hvdlike.tensorflow import compat
 from hvdlike.tensorflow.functions import broadcast_variables
 from hvdlike.tensorflow.gradients import variable_key
 
 __all__ = ["BestModelCheckpoint", "BroadcastGlobalVariablesCallback", "LearningRateScheduleCallback",
-           "LearningRateWarmupCallback", "MetricAverageCallback", "ModelCheckpoint"]
+           "LearningRateWarmupCallback", "MetricAverageCallback", "ModelCheckpoint",
+           "UnevenDataCallback"]
 
 _keras = compat.keras()
 
@@ -100,7 +103,71 @@ class MetricAverageCallback(_keras.callbacks.Callback):
             logs[k] = float(v)
 
     def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
+        uneven = _UNEVEN.get(self.model)
+        if uneven is not None:  # wherever it is in the list, ranks join before averaging
+            uneven.join(epoch)
         self._average(logs)
+
+
+# model -> its UnevenDataCallback in the running fit (other callbacks join through it first)
+_UNEVEN: "weakref.WeakKeyDictionary[Any, UnevenDataCallback]" = weakref.WeakKeyDictionary()
+
+
+class UnevenDataCallback(_keras.callbacks.Callback):
+    """Let ranks run different numbers of steps in an epoch (uneven data).
+
+    A rank whose data ends before the others' calls ``hvdlike.join()`` at the end of its
+    epoch: until every rank has joined, it adds zeros to the others' gradient all-reduces
+    (Average still divides by the number of ranks). Once every rank has joined, the model's
+    and the optimizer's variables are broadcast from the rank that joined last (it ran the
+    most steps, so it applied every update), and every rank goes on together. Rank 0 warns
+    once per ``fit`` when the step counts differed, naming them. Without this callback such
+    ranks end in a ``DeadlockError`` that names the counts. Put it first in ``callbacks``
+    (``MetricAverageCallback`` joins through it wherever it is); every rank must use it.
+    Global process set only, as ``join``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._steps = 0
+        self._joined = -1  # the last epoch this rank joined at
+        self._warned = False
+
+    def on_train_begin(self, logs: Logs = None) -> None:
+        _UNEVEN[self.model] = self
+        self._joined, self._warned = -1, False
+
+    def on_train_end(self, logs: Logs = None) -> None:
+        _UNEVEN.pop(self.model, None)
+
+    def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
+        self._steps = 0
+
+    def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
+        self._steps = batch + 1
+
+    def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
+        self.join(epoch)
+
+    def join(self, epoch: int) -> None:
+        """Join the other ranks at the end of ``epoch`` (once an epoch)."""
+        if self._joined == epoch:
+            return
+        self._joined = epoch
+        last = _core.join()
+        variables = list(self.model.variables) + _optimizer_variables(
+            getattr(self.model, "optimizer", None))
+        broadcast_variables(variables, last)
+        steps = _core.allgather(np.array([self._steps], np.int64),
+                                name="UnevenDataCallback.steps")
+        if _core.rank() == 0 and not self._warned and len(set(steps.tolist())) > 1:
+            self._warned = True
+            logger.warning(
+                f"epoch {epoch + 1}: the ranks ran different numbers of steps (per rank: "
+                f"{steps.tolist()}); the ranks whose data ended first added zeros to the "
+                "others' last gradient all-reduces and took the weights of the rank that ran "
+                "the most (UnevenDataCallback). Shard so that every rank gets the same number "
+                "of batches to avoid it.")
 
 
 def _set_lr(optimizer: Any, lr: float) -> None:
