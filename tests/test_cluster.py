@@ -364,9 +364,10 @@ def test_bench_train_runs_across_two_test_hosts(tmp_path):
     assert "1gbit links between test hosts" in p.stdout
 
 
-def _launch_2x2(cluster, program, env=None, timeout=60, ulfm=False, runner=False):
+def _launch_2x2(cluster, program, env=None, timeout=60, ulfm=False, runner=False,
+                elastic=False):
     """``program`` as 2 ranks on each of the two hosts (mpirun runs on host A; started by
-    hvdlikerun, on host A too, with ``runner``)."""
+    hvdlikerun, on host A too, with ``runner``; ``hvdlikerun --elastic`` with ``elastic``)."""
     from mpi_harness import launch
     mpirun = str(Path(sys.executable).parent / "mpirun")
     env = dict(env or {}, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -374,10 +375,11 @@ def _launch_2x2(cluster, program, env=None, timeout=60, ulfm=False, runner=False
                HVDLIKE_LOG_LEVEL=os.environ.get("HVDLIKE_LOG_LEVEL", "warning"),
                HVDLIKE_ELASTIC_RECOVERY_TIMEOUT="30")  # before the job's timeout, saying where
     ft = ["--with-ft", "ulfm"] if ulfm else []
-    if runner:  # hvdlikerun forwards the environment itself
+    if runner or elastic:  # hvdlikerun forwards the environment itself
         def argv_for(argv):
             return [sys.executable, "-m", "hvdlike.runner", "-np", "4", "-H",
                     cluster.host_list([2, 2]), "--abort-timeout", "5",
+                    *(["--elastic"] if elastic else []),
                     "--mpi-args", shlex.join(cluster.mpi_options() + ft), *argv]
     else:
         def argv_for(argv):
@@ -476,6 +478,39 @@ def test_a_rank_killed_on_host_b(cluster, tmp_path, ulfm, replace):
         np.testing.assert_allclose(r["w"], _reference(sizes), rtol=1e-12, atol=1e-12)
     assert "WARNING: elastic: ranks [3] of 4 died; 3 ranks go on" in job.output
     assert ("a new rank joined as rank 3" in job.output) == replace
+
+
+@pytest.mark.parametrize("fault", ["link", "frozen"])
+def test_elastic_training_goes_on_without_a_host_lost_mid_training(cluster, tmp_path, fault):
+    """hvdlikerun --elastic, 2 hosts x 2 ranks: before step KILL_STEP host B's link goes down,
+    or its ranks stop (SIGSTOP). ULFM's heartbeat detector (which --elastic turns on) makes
+    them failed ranks: host A's ranks shrink to the two of them and finish training with the
+    result of two ranks from the last commit on. Cut off, host B's ranks shrink to theirs
+    too, but hold neither a majority nor rank 0: they end. Once host A's ranks have shut down,
+    hvdlikerun ends the launcher, which waits for host B (--abort-timeout, 5 s): status 0."""
+    from test_elastic import KILL_STEP, STEPS, _reference, last_line
+    program = [sys.executable, str(REPO / "tests/mpi_cases/elastic_cases.py"),
+               f"{fault}_host", "2", str(KILL_STEP), str(STEPS)]
+    env = {"HVDLIKE_TEST_LINK": cluster.link_device(1), "HVDLIKE_TEST_RESULT_DIR": str(tmp_path)}
+    try:
+        job = _launch_2x2(cluster, program, env=env, timeout=180, elastic=True)
+    finally:
+        cluster.set_link(1, up=True)
+        cluster.end_leftovers()  # host B's ranks, cut off or stopped
+    assert not job.timed_out and job.returncode == 0, job.output[-5000:]
+    results = _written_results(tmp_path)  # host B's ranks, had they gone on, too
+    assert [(r["rank"], r["host"]) for r in results] == [
+        (0, cluster.names[0]), (1, cluster.names[0])], job.output[-4000:]
+    sizes = [4] * KILL_STEP + [2] * (STEPS - KILL_STEP)
+    for r in results:
+        assert r["sizes"] == sizes, r
+        np.testing.assert_allclose(r["w"], _reference(sizes), rtol=1e-12, atol=1e-12)
+    assert "WARNING: elastic: ranks [2, 3] of 4 died; 2 ranks go on" in job.output
+    assert "elastic: every rank of the job has shut down (2 ranks; 2 lost on the way)" in \
+        job.output
+    assert last_line(job.output).startswith(
+        "hvdlikerun: every rank of the job shut down 5 s ago (above), but the MPI's launcher "
+        "still waits for the ranks it lost"), job.output[-3000:]
 
 
 FAULTS = {"HVDLIKE_COLLECTIVE_TIMEOUT_SECONDS": "20", "HVDLIKE_STALL_CHECK_TIME_SECONDS": "5"}

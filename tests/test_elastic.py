@@ -333,3 +333,25 @@ def test_an_out_of_memory_kill_of_one_rank(oom_cgroup, elastic):
     assert [r["rank"] for r in results] == [0, 1, 2]
     for r in results:
         np.testing.assert_allclose(r["w"], _reference(sizes), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kept,size,nodes,want", [
+    # one host of 4 ranks (node = its first rank): a rank lost there died, whoever is left
+    ([1, 2, 3], 4, [0, 0, 0, 0], True),
+    ([2, 3], 4, [0, 0, 0, 0], True),
+    # 2 hosts x 2: rank 3 lost, rank 2 on its host lives: it died (no split network)
+    ([0, 1, 2], 4, [0, 0, 2, 2], True),
+    # host B (ranks 2, 3) lost whole: a tie; host A holds rank 0 and goes on, B ends
+    ([0, 1], 4, [0, 0, 2, 2], True),
+    ([2, 3], 4, [0, 0, 2, 2], False),
+    # 3 hosts: the side of two hosts is a majority, the lone host is not
+    ([2, 3, 4, 5], 6, [0, 0, 2, 2, 4, 4], True),
+    ([0, 1], 6, [0, 0, 2, 2, 4, 4], False),
+    # 1 rank per host, 2 hosts: the survivor of a lost rank 0 cannot tell its own lost link
+    ([1], 2, [0, 1], False),
+    ([0], 2, [0, 1], True),
+])
+def test_after_a_whole_host_is_lost_only_a_majority_or_half_with_rank_0_goes_on(kept, size,
+                                                                                  nodes, want):
+    from hvdlike.runtime.shrink import goes_on
+    assert goes_on(kept, size, nodes) is want

@@ -273,6 +273,9 @@ def test_elastic_adds_ulfm_and_min_np_where_open_mpi_has_it(openmpi, tmp_path):
     start = words.index(openmpi)
     assert words[start + 1:].count("--with-ft") == 1
     assert words[words.index("--with-ft") + 1] == "ulfm"
+    # ULFM's heartbeat detector: a frozen or cut-off host's ranks become failed ranks
+    at = words.index("mpi_ft_detector")
+    assert words[at - 1:at + 2] == ["--mca", "mpi_ft_detector", "true"]
     assert "HVDLIKE_ELASTIC_MIN_NP=2" in words[:start]
     assert f"HVDLIKE_STATE_DIR={tmp_path}" in words[:start]
 

@@ -38,6 +38,10 @@ TIMED_OUT = "collective timeout"  # how the collective watchdog's reason begins
 ENDED = "ended without hvdlike's shutdown"  # said of a rank that died ...
 # ... and how it can have
 CAUSE = "killed (kill -9, the OOM killer), crashed or left by os._exit"
+# what rank 0 of an elastic job that lost ranks logs once every rank has shut down: the MPI's
+# launcher may still wait for the lost ones (a host it cannot reach, a frozen one), and
+# hvdlikerun ends the job --abort-timeout after this line (runner/abort_watch.py)
+ELASTIC_DONE = "elastic: every rank of the job has shut down"
 
 # printf (and bash's EPOCHREALTIME) are built into the shell: the line leaves as the pipe
 # closes, before Open MPI, told of the death by a survivor, can end the job (and this shell)

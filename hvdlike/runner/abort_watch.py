@@ -5,7 +5,9 @@ exception) or meets an error under ``MPI_ERRORS_ARE_FATAL``, then tears the job 
 the teardown never finishes: once, after a rank on another host was killed, the job hung with
 that notice as its last output (docs/reliability.md). ``hvdlikerun`` passes the job's output
 through an ``OutputWatch``; when a notice has appeared and the job is still running after the
-grace period, it ends the job. It also keeps the lines in which hvdlike names a rank that
+grace period, it ends the job; the same after rank 0 of an elastic job that lost ranks said
+that every rank has shut down (``ELASTIC_DONE``: the launcher may wait for ranks on a host it
+cannot reach, or frozen ones). It also keeps the lines in which hvdlike names a rank that
 died without its shutdown (``hvdlike.base.death_notice``); hvdlikerun repeats the one with
 the earliest time of death as the job's last line. The same watch can leave some lines out
 of a stream (``drop``: TensorFlow's start-up lines, ``startup_noise``).
@@ -16,10 +18,11 @@ import threading
 import time
 from typing import BinaryIO, Callable, List, Optional, Tuple
 
-from ..base.death_notice import ENDED
+from ..base.death_notice import ELASTIC_DONE, ENDED
 
 NOTICES = (b"MPI_ERRORS_ARE_FATAL", b"MPI_ABORT was invoked")
-_TAIL = max(len(n) for n in NOTICES) - 1  # bytes kept so that a notice split in two is seen
+_DONE = ELASTIC_DONE.encode()
+_TAIL = max(len(n) for n in NOTICES + (_DONE,)) - 1  # bytes kept to see a notice split in two
 _ENDED = ENDED.encode()
 _DEATH = re.compile(rb"^hvdlike: rank \d+ of \d+ \(pid \d+ on host .*\) " + re.escape(_ENDED)
                     + rb"(?: \(t=([\d.]+)\))?.*$", re.M)
@@ -33,6 +36,7 @@ class OutputWatch:
 
     def __init__(self) -> None:
         self.seen_at: Optional[float] = None
+        self.done_at: Optional[float] = None  # when an elastic job said every rank shut down
         self._deaths: List[Tuple[float, int, str]] = []  # (time of death, order, line)
         self._threads: List[threading.Thread] = []
 
@@ -66,6 +70,8 @@ class OutputWatch:
             seen = tail + chunk
             if self.seen_at is None and any(n in seen for n in NOTICES):
                 self.seen_at = time.monotonic()
+            if self.done_at is None and _DONE in seen:
+                self.done_at = time.monotonic()
             tail = seen[-_TAIL:]
             lines = line + chunk
             if _ENDED in lines:
@@ -86,6 +92,10 @@ class OutputWatch:
     def overdue(self, grace: float) -> bool:
         """A notice went by more than ``grace`` seconds ago."""
         return self.seen_at is not None and time.monotonic() - self.seen_at > grace
+
+    def done_overdue(self, grace: float) -> bool:
+        """An elastic job said every rank shut down more than ``grace`` seconds ago."""
+        return self.done_at is not None and time.monotonic() - self.done_at > grace
 
     def finish(self, timeout: float = 5.0) -> None:
         """Wait (a bounded time: orphaned processes may hold the pipes) for the copies."""

