@@ -480,34 +480,41 @@ def test_a_rank_killed_on_host_b(cluster, tmp_path, ulfm, replace):
     assert ("a new rank joined as rank 3" in job.output) == replace
 
 
-@pytest.mark.parametrize("fault", ["link", "frozen"])
-def test_elastic_training_goes_on_without_a_host_lost_mid_training(cluster, tmp_path, fault):
+@pytest.mark.parametrize("fault,replace", [("link", False), ("frozen", False), ("link", True)],
+                         ids=["link", "frozen", "link-replaced"])
+def test_elastic_training_goes_on_without_a_host_lost_mid_training(cluster, tmp_path, fault,
+                                                                   replace):
     """hvdlikerun --elastic, 2 hosts x 2 ranks: before step KILL_STEP host B's link goes down,
     or its ranks stop (SIGSTOP). ULFM's heartbeat detector (which --elastic turns on) makes
     them failed ranks: host A's ranks shrink to the two of them and finish training with the
-    result of two ranks from the last commit on. Cut off, host B's ranks shrink to theirs
-    too, but hold neither a majority nor rank 0: they end. Once host A's ranks have shut down,
-    hvdlikerun ends the launcher, which waits for host B (--abort-timeout, 5 s): status 0."""
+    result of two ranks from the last commit on; with HVDLIKE_ELASTIC_MAX_NP=4 two new ranks
+    (on host A: host B is lost) join them and the result is that of four ranks throughout.
+    Cut off, host B's ranks shrink to theirs too, but hold neither a majority nor rank 0:
+    they exit. Once host A's ranks have shut down, hvdlikerun ends the launcher, which waits
+    for host B (--abort-timeout, 5 s): status 0."""
     from test_elastic import KILL_STEP, STEPS, _reference, last_line
     program = [sys.executable, str(REPO / "tests/mpi_cases/elastic_cases.py"),
                f"{fault}_host", "2", str(KILL_STEP), str(STEPS)]
-    env = {"HVDLIKE_TEST_LINK": cluster.link_device(1), "HVDLIKE_TEST_RESULT_DIR": str(tmp_path)}
+    env = {"HVDLIKE_TEST_LINK": cluster.link_device(1), "HVDLIKE_TEST_RESULT_DIR": str(tmp_path),
+           **({"HVDLIKE_ELASTIC_MAX_NP": "4"} if replace else {})}
     try:
         job = _launch_2x2(cluster, program, env=env, timeout=180, elastic=True)
     finally:
         cluster.set_link(1, up=True)
         cluster.end_leftovers()  # host B's ranks, cut off or stopped
     assert not job.timed_out and job.returncode == 0, job.output[-5000:]
+    size = 4 if replace else 2
     results = _written_results(tmp_path)  # host B's ranks, had they gone on, too
     assert [(r["rank"], r["host"]) for r in results] == [
-        (0, cluster.names[0]), (1, cluster.names[0])], job.output[-4000:]
-    sizes = [4] * KILL_STEP + [2] * (STEPS - KILL_STEP)
+        (r, cluster.names[0]) for r in range(size)], job.output[-4000:]
+    sizes = [4] * KILL_STEP + [size] * (STEPS - KILL_STEP)
     for r in results:
         assert r["sizes"] == sizes, r
         np.testing.assert_allclose(r["w"], _reference(sizes), rtol=1e-12, atol=1e-12)
     assert "WARNING: elastic: ranks [2, 3] of 4 died; 2 ranks go on" in job.output
-    assert "elastic: every rank of the job has shut down (2 ranks; 2 lost on the way)" in \
-        job.output
+    assert ("2 new ranks joined as ranks 2..3" in job.output) == replace
+    assert (f"elastic: every rank of the job has shut down ({size} ranks; 2 lost on the way)"
+            in job.output)
     assert last_line(job.output).startswith(
         "hvdlikerun: every rank of the job shut down 5 s ago (above), but the MPI's launcher "
         "still waits for the ranks it lost"), job.output[-3000:]

@@ -67,7 +67,7 @@ def main() -> None:
     first_size = hvd.size()
     first_run = os.environ.get("HVDLIKE_RESTART", "0") == "0"
     faulty = [victim]
-    if mode in ("frozen_host", "link_host"):  # every rank on the victim's host
+    if mode in ("frozen_host", "link_host") and not replacement:  # the victim's host's ranks
         hosts = hvd.allgather_object(socket.gethostname())
         faulty = [r for r in range(first_size) if hosts[r] == hosts[victim]]
     state = hvd.elastic.ObjectState(step=0, w=np.zeros(DIM), sizes=[])
