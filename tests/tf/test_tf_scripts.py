@@ -61,6 +61,9 @@ def test_the_quickstarts_fit_script_runs_as_written_and_rank_0_saves_the_model(t
     job = launch(2, [sys.executable, "-c", run], timeout=240)
     assert job.returncode == 0, job.output[-5000:]
     assert job.output.count("Epoch 2/2") == 1, job.output[-5000:]  # rank 0 alone reports
+    assert "val_accuracy" in job.output, job.output[-5000:]  # validation_split ran
+    # a reader's first run warns of nothing (Keras's or hvdlike's warnings, on any rank)
+    assert not re.search(r"Warning|WARNING", job.output), job.output[-5000:]
     assert (tmp_path / "model.keras").stat().st_size > 0
 
 
