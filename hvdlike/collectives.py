@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .base.reduce_ops import ReduceOp, as_reduce_op
+from .base.tracebacks import short
 from .engine import checks
 from .engine.checks import Kind, Request
 from .handles import Handle
@@ -55,6 +56,7 @@ def _allreduce(xs: Sequence[Any], op: Any, prescale_factor: float, postscale_fac
     return submit(process_set, request, error, arrays, blocking, given)
 
 
+@short
 def allreduce(x: Any, op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
@@ -71,6 +73,7 @@ def allreduce(x: Any, op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
                       True)
 
 
+@short
 def allreduce_async(x: Any, op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
@@ -78,6 +81,7 @@ def allreduce_async(x: Any, op: Any = ReduceOp.AVERAGE, prescale_factor: float =
     return _allreduce([x], op, prescale_factor, postscale_factor, name, process_set, False)
 
 
+@short
 def grouped_allreduce(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
@@ -89,6 +93,7 @@ def grouped_allreduce(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE, prescale_fa
                       postscale_factor, name, process_set, True, True)
 
 
+@short
 def grouped_allreduce_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             name: Optional[str] = None,
@@ -129,6 +134,7 @@ def _allgather(xs: Sequence[Any], name: Optional[str], process_set: ProcessSet,
                   arrays, blocking, given)
 
 
+@short
 def allgather(x: Any, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenate every rank's ``x`` along the first dimension, in rank order.
@@ -139,18 +145,21 @@ def allgather(x: Any, name: Optional[str] = None,
     return _allgather([x], name, process_set, False, True)
 
 
+@short
 def allgather_async(x: Any, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start ``allgather``; ``handle.synchronize()`` returns its result."""
     return _allgather([x], name, process_set, False)
 
 
+@short
 def grouped_allgather(xs: Sequence[Any], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
     """``allgather`` of a list of arrays in one MPI call. Returns a list of new arrays."""
     return _allgather(listed(xs, "hvdlike.grouped_allgather"), name, process_set, True, True)
 
 
+@short
 def grouped_allgather_async(xs: Sequence[Any], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set) -> Handle:
     """Start ``grouped_allgather``; ``handle.synchronize()`` returns the list of results."""
@@ -159,6 +168,7 @@ def grouped_allgather_async(xs: Sequence[Any], name: Optional[str] = None,
 
 # ----------------------------------------------------------------------------- broadcast
 
+@short
 def broadcast(x: Any, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Every rank gets a new array equal to ``x`` on ``root_rank`` (a world rank in the set).
@@ -167,6 +177,7 @@ def broadcast(x: Any, root_rank: int, name: Optional[str] = None,
     return _broadcast(x, root_rank, name, process_set, True)
 
 
+@short
 def broadcast_async(x: Any, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start ``broadcast``; ``handle.synchronize()`` returns its result."""
@@ -205,6 +216,7 @@ def _splits_or_error(a: np.ndarray, splits: Any,
     return np.array(rows, np.int64), None
 
 
+@short
 def alltoall(x: Any, splits: Any = None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set
              ) -> Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]:
@@ -219,6 +231,7 @@ def alltoall(x: Any, splits: Any = None, name: Optional[str] = None,
     return received if splits is None else (received, received_splits)
 
 
+@short
 def alltoall_async(x: Any, splits: Any = None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set) -> Handle:
     """Start ``alltoall``; ``handle.synchronize()`` returns (received, received_splits),
@@ -264,6 +277,7 @@ def _reducescatter(xs: Sequence[Any], op: Any, name: Optional[str], process_set:
                   blocking, given)
 
 
+@short
 def reducescatter(x: Any, op: Any = ReduceOp.AVERAGE, name: Optional[str] = None,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> np.ndarray:
@@ -276,6 +290,7 @@ def reducescatter(x: Any, op: Any = ReduceOp.AVERAGE, name: Optional[str] = None
                           True)
 
 
+@short
 def reducescatter_async(x: Any, op: Any = ReduceOp.AVERAGE, name: Optional[str] = None,
                         process_set: ProcessSet = global_process_set,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
@@ -283,6 +298,7 @@ def reducescatter_async(x: Any, op: Any = ReduceOp.AVERAGE, name: Optional[str] 
     return _reducescatter([x], op, name, process_set, prescale_factor, postscale_factor, False)
 
 
+@short
 def grouped_reducescatter(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                           name: Optional[str] = None,
                           process_set: ProcessSet = global_process_set,
@@ -293,6 +309,7 @@ def grouped_reducescatter(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                           prescale_factor, postscale_factor, True, True)
 
 
+@short
 def grouped_reducescatter_async(xs: Sequence[Any], op: Any = ReduceOp.AVERAGE,
                                 name: Optional[str] = None,
                                 process_set: ProcessSet = global_process_set,

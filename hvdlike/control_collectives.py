@@ -5,12 +5,14 @@ import pickle
 from typing import Any, Iterator, List, Optional, Tuple
 
 from . import runtime
+from .base.tracebacks import short
 from .engine import checks
 from .engine.checks import Kind, Request
 from .process_sets import ProcessSet, global_process_set
 from .submission import root, root_error, submit
 
 
+@short
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Return once every rank of ``process_set`` has called barrier."""
     submit(process_set, Request(Kind.BARRIER, None, None, None), None, None, True)
@@ -38,6 +40,7 @@ def exclusive_mpi() -> Iterator[None]:
         engine.resume()
 
 
+@short
 def join() -> int:
     """Declare that this rank has no more data (uneven inputs). Global process set only.
 
@@ -62,6 +65,7 @@ def _pickled(obj: Any, what: str) -> Tuple[Optional[bytes], Optional[checks.Loca
                                    "something picklable, e.g. convert it to plain data first")
 
 
+@short
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Every rank gets (an unpickled copy of) the root's picklable ``obj``."""
@@ -73,6 +77,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     return submit(process_set, request, error, payload, True)
 
 
+@short
 def allgather_object(obj: Any, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Every rank gets the list of every rank's picklable ``obj``, in rank order."""

@@ -3,6 +3,7 @@ import threading
 from typing import Any, Callable, List, Optional
 
 from .base.log import logger
+from .base.tracebacks import short
 
 _SLEEPERS = threading.Lock()  # orders completing a handle against a thread going to sleep on it
 
@@ -93,6 +94,7 @@ def poll(handle: Handle) -> bool:
     return handle.poll()
 
 
+@short
 def synchronize(handle: Handle) -> Any:
     """Wait for the async operation behind ``handle`` and return its result."""
     _check(handle, "synchronize")

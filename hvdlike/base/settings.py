@@ -83,6 +83,11 @@ VARIABLES = (
              "in a tf.compat.v1 graph, each collective waits in an asynchronous TensorFlow op "
              "that holds no thread (built with the C++ compiler on first use); 0: in a "
              "`tf.numpy_function` that holds an inter-op thread while it waits"),
+    Variable("HVDLIKE_FULL_TRACEBACKS", "0",
+             "1: an error about a collective's input (ranks that disagree, a bad value, a "
+             "deadlock, hvdlike not initialized) keeps its whole traceback through hvdlike and "
+             "the exception it was made from (to report a bug in hvdlike); 0: it is raised from "
+             "the function you called"),
     Variable("HVDLIKE_AUTOTUNE", "0",
              "1: during the first all-reduces, try settings of the knobs not set in the "
              "environment (fusion threshold, cycle time, and where they apply the single-copy "

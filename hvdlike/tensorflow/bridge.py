@@ -27,6 +27,7 @@ import hvdlike as _core
 from hvdlike import Average, Sum, global_process_set
 from hvdlike import process_sets as _process_sets
 from hvdlike import runtime as _runtime
+from hvdlike.base import tracebacks
 from hvdlike.base.reduce_ops import as_reduce_op
 from hvdlike.submission import require_name
 from hvdlike.tensorflow import compat, devices, wait_kernel
@@ -129,9 +130,10 @@ def _outputs(wait):
 
 def _same_quiet(error, original):
     """``error``, marked to be printed only where ``original`` would be (see
-    ``hvdlike.engine.checks.raised_on_every_rank``)."""
+    ``hvdlike.engine.checks.raised_on_every_rank``), and as the caller's error
+    (``hvdlike.base.tracebacks``)."""
     error.hvdlike_quiet = getattr(original, "hvdlike_quiet", False)
-    return error
+    return tracebacks.mark(error)
 
 
 def run(what, submit, inputs, out_dtypes, out_shapes, process_set=None, name=None):

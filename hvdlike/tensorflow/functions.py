@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import ProcessSet, global_process_set
+from hvdlike.base.tracebacks import short
 from hvdlike.tensorflow import bridge
 
 
@@ -34,6 +35,7 @@ def _fused_broadcast(root_rank, process_set):
     return submit
 
 
+@short
 def broadcast_variables(variables: Sequence[Any], root_rank: int,
                         process_set: ProcessSet = global_process_set,
                         inplace: bool = False) -> Any:
@@ -134,6 +136,7 @@ def _plain(obj, session=None):
     return obj
 
 
+@short
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
                      name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
@@ -155,6 +158,7 @@ def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[
     return fn
 
 
+@short
 def allgather_object(obj: Any, session: Any = None, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Return ``[obj of rank 0, obj of rank 1, ...]`` on every rank (TF tensors as NumPy)."""

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import hvdlike as _core
 from hvdlike import Average, ProcessSet, global_process_set
+from hvdlike.base.tracebacks import short
 from hvdlike.submission import listed as _listed
 from hvdlike.tensorflow import bridge, primitives
 
@@ -46,6 +47,7 @@ def _grouped_allgather_with_grad(tensors, name, process_set):
     return list(fwd(*tensors))
 
 
+@short
 def allgather(tensor: Any, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set,
               ignore_name_scope: bool = False) -> tf.Tensor:
@@ -59,6 +61,7 @@ def allgather(tensor: Any, name: Optional[str] = None,
     return _grouped_allgather_with_grad([tensor], name, process_set)[0]
 
 
+@short
 def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
     """Allgather a list of tensors in one call; returns a list (see ``allgather``)."""
@@ -79,6 +82,7 @@ def _broadcast_raw(tensor, root_rank, name, process_set):
                       name)[0]
 
 
+@short
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set,
               ignore_name_scope: bool = False) -> tf.Tensor:
@@ -128,6 +132,7 @@ def _alltoall_raw(tensor, splits, name, process_set):
                       [out_shape, tf.TensorShape([n])], process_set, name)
 
 
+@short
 def alltoall(tensor: Any, splits: Optional[Any] = None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set,
              ignore_name_scope: bool = False) -> Union[tf.Tensor, Tuple[tf.Tensor, tf.Tensor]]:

@@ -10,6 +10,7 @@ import tensorflow as tf
 import hvdlike as _core
 from hvdlike import Average, ProcessSet, ReduceOp, Sum, global_process_set
 from hvdlike.base.reduce_ops import as_reduce_op
+from hvdlike.base.tracebacks import short
 from hvdlike.submission import listed as _listed
 from hvdlike.tensorflow import bridge, gather_ops, primitives
 from hvdlike.tensorflow.compression import Compression, check_compression
@@ -72,6 +73,7 @@ def _allreduce_sparse(slices, op, prescale_factor, postscale_factor, compression
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
+@short
 def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "",
               device_sparse: str = "", compression: Any = Compression.none,
               op: Optional[Any] = None, prescale_factor: float = 1.0,
@@ -105,6 +107,7 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     return compression.decompress(out, ctx)
 
 
+@short
 def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
                       device_dense: str = "", device_sparse: str = "",
                       compression: Any = Compression.none, op: Optional[Any] = None,
@@ -190,6 +193,7 @@ def _grouped_reducescatter_with_grad(tensors, op, prescale_factor, postscale_fac
     return list(fwd(*tensors))
 
 
+@short
 def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,
                   op: Any = Average, name: Optional[str] = None,
                   process_set: ProcessSet = global_process_set,
@@ -208,6 +212,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compre
     return compression.decompress(out, ctx)
 
 
+@short
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           compression: Any = Compression.none, op: Any = Average,
                           name: Optional[str] = None,

@@ -394,6 +394,12 @@ def _():
         except error as e:
             assert "FailedPrecondition" in type(e).__name__ + str(e), e
             assert "shape: rank 0 has (1, 2), rank 1 has (2, 2)" in str(e), e
+            if run is eager:  # raised from the function called: no engine frames, no chain
+                import traceback
+                files = [f.filename for f in traceback.extract_tb(e.__traceback__)]
+                assert files[-1].endswith("hvdlike/base/tracebacks.py"), files
+                assert not any("/hvdlike/engine/" in f for f in files), files
+                assert e.__cause__ is None, e.__cause__
         else:
             raise AssertionError("no error")
     # the same number of elements in another shape, among tensors that cross a graph packed
