@@ -65,6 +65,8 @@ def test_a_late_rank_is_reported_once_and_the_job_goes_on():
     assert len(warnings) == 1, job.output[-3000:]
     assert warnings[0].startswith("hvdlike[0]: WARNING: stalled: rank 0 has waited")
     assert "allreduce 'layer1/kernel', which ranks [1] have not submitted" in warnings[0]
+    # no stall shutdown set: the warning says how to make such a wait end the job
+    assert "set HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS to end it" in warnings[0]
     for rank in range(2):
         assert f"RESULT rank={rank} [1.0, 1.0, 1.0]" in job.output
 

@@ -99,9 +99,12 @@ class StallInspector:
                 entry.warned = True
                 warn.append(s)
         if warn:
+            ending = ("" if self.shutdown else " Nothing ends the job for this: set "
+                      "HVDLIKE_STALL_SHUTDOWN_TIME_SECONDS to end it after that many seconds "
+                      "of such a wait.")
             logger.warning("stalled: %s. Those ranks may be skipping this collective or be "
-                           "stuck before it (HVDLIKE_STALL_CHECK_TIME_SECONDS=%g).",
-                           describe(warn), self.check)
+                           "stuck before it (HVDLIKE_STALL_CHECK_TIME_SECONDS=%g).%s",
+                           describe(warn), self.check, ending)
         self.flag = bool(self.shutdown) and any(s.waited >= self.shutdown for _, s in stalled)
 
     def stalled(self, entries: Sequence[Any], missing: Callable[[Any], List[int]], now: float,

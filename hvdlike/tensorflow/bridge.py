@@ -121,11 +121,11 @@ def _outputs(wait):
     try:
         return wait()
     except _core.CollectiveMismatchError as exc:
-        raise _same_quiet(mismatch_error(str(exc)), exc) from exc
+        raise _same_quiet(mismatch_error(str(exc)), exc) from None
     except _core.NotInitializedError:
         raise  # as it is: Horovod raises a ValueError there too
     except ValueError as exc:
-        raise _same_quiet(CollectiveInputError(str(exc)), exc) from exc
+        raise _same_quiet(CollectiveInputError(str(exc)), exc) from None
 
 
 def _same_quiet(error, original):
@@ -201,6 +201,7 @@ def wait_op(what, keys, out_dtypes, out_shapes):
     if kernel is not None:
         outs = kernel.op(keys, out_dtypes, name)
     else:
+        @tracebacks.short  # TensorFlow prints the traceback of an error raised here
         def _wait_fn(*ks):
             outs = [o for k in ks for o in _outputs(_PENDING.pop(int(k)))]
             return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, out_dtypes)]
