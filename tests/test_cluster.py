@@ -367,7 +367,8 @@ def test_bench_train_runs_across_two_test_hosts(tmp_path):
 def _launch_2x2(cluster, program, env=None, timeout=60, ulfm=False, runner=False,
                 elastic=False):
     """``program`` as 2 ranks on each of the two hosts (mpirun runs on host A; started by
-    hvdlikerun, on host A too, with ``runner``; ``hvdlikerun --elastic`` with ``elastic``)."""
+    hvdlikerun, on host A too, with ``runner``; ``hvdlikerun --elastic`` with ``elastic``,
+    ULFM's heartbeat detector then declaring a silent rank failed after 4 s, not 10)."""
     from mpi_harness import launch
     mpirun = str(Path(sys.executable).parent / "mpirun")
     env = dict(env or {}, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -375,6 +376,8 @@ def _launch_2x2(cluster, program, env=None, timeout=60, ulfm=False, runner=False
                HVDLIKE_LOG_LEVEL=os.environ.get("HVDLIKE_LOG_LEVEL", "warning"),
                HVDLIKE_ELASTIC_RECOVERY_TIMEOUT="30")  # before the job's timeout, saying where
     ft = ["--with-ft", "ulfm"] if ulfm else []
+    if elastic:
+        ft = ["--mca", "mpi_ft_detector_period", "1", "--mca", "mpi_ft_detector_timeout", "4"]
     if runner or elastic:  # hvdlikerun forwards the environment itself
         def argv_for(argv):
             return [sys.executable, "-m", "hvdlike.runner", "-np", "4", "-H",
