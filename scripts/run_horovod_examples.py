@@ -99,7 +99,7 @@ def _mnist(path="mnist.npz"):
 
 def _install(keras):
     import tensorflow as tf
-    steps = int(_os.environ["HVDLIKE_EXAMPLE_STEPS"])
+    steps = int(_os.environ["EXAMPLE_STEP_CAP"])
     keras.datasets.mnist.load_data = _mnist
     fit = keras.Model.fit
 
@@ -142,7 +142,7 @@ def _install(keras):
 
 def _install_take():
     import tensorflow as tf
-    steps = int(_os.environ["HVDLIKE_EXAMPLE_STEPS"])
+    steps = int(_os.environ["EXAMPLE_STEP_CAP"])
     take = tf.data.Dataset.take
     tf.data.Dataset.take = lambda self, count, name=None: take(self, min(int(count), steps),
                                                                  name=name)
@@ -201,7 +201,7 @@ def run_one(name: str, text: str, folder: Path, np_: int, timeout: float,
     """(status, seconds, the output's tail) of one example's job."""
     script = folder / name
     script.write_text(text)
-    env = dict(os.environ, HVDLIKE_EXAMPLE_STEPS=str(steps), TF_CPP_MIN_LOG_LEVEL="2",
+    env = dict(os.environ, EXAMPLE_STEP_CAP=str(steps), TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=str(folder), TF_USE_LEGACY_KERAS="1" if name in KERAS2 else "0")
     argv = [sys.executable, "-m", "hvdlike.runner", "-np", str(np_), sys.executable, name,
             *ARGS.get(name, [])]
