@@ -77,10 +77,10 @@ def find(waits: Sequence[Sequence[Tuple[Key, str]]], joined: Sequence[bool],
     clauses, uneven = [], False
     for r in ranks:
         for key, kind in waits[r]:
-            n = counts[r][index[key]] if key in index else 0
+            n = counts[r][index[key]]
             behind: Dict[int, List[int]] = {}  # times made -> missing ranks
             for q in missing[key]:
-                behind.setdefault(counts[q][index[key]] if key in index else 0, []).append(q)
+                behind.setdefault(counts[q][index[key]], []).append(q)
             uneven = uneven or any(0 < m < n for m in behind)
             clauses.append(_clause(r, key, kind, n, behind))
     if uneven:

@@ -142,7 +142,7 @@ class Engine:
             if request.name is None:
                 request = self._named(request, process_set.process_set_id)
             entry = Entry(request, error, inputs, process_set, handle)
-            self.made[entry.key] = self.made.get(entry.key, 0) + 1
+            self.count_made(entry.key)
             self._queue.append(entry)
             if wake:
                 self._cv.notify()
@@ -170,6 +170,10 @@ class Engine:
             outcome = self.submit(request, error, inputs, process_set, wake=False)
         return outcome.synchronize()
 
+
+    def count_made(self, key: Key) -> None:
+        """This rank submits ``key`` once more (``made``)."""
+        self.made[key] = self.made.get(key, 0) + 1
 
     def _named(self, request: Request, set_id: int) -> Request:
         """``request`` (unnamed) with the set's next unnamed name (``_qlock`` held)."""

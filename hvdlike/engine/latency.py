@@ -39,8 +39,7 @@ def direct(engine: "Engine", request: Request, inputs: Any, process_set: Any) ->
     position = engine._neg.cached((set_id, request.name), request)  # type: ignore[arg-type]
     if position is None:  # new to the response cache: negotiated by the general path
         return engine.submit(request, None, inputs, process_set, wake=False)
-    key = (set_id, request.name or "")
-    engine.made[key] = engine.made.get(key, 0) + 1
+    engine.count_made((set_id, request.name or ""))
     bit = 1 << position
     mine = engine._direct_mine
     if (mine.bits, mine.stalled, mine.detail, mine.blocked) != (
