@@ -219,6 +219,28 @@ def test_a_job_that_hangs_after_an_abort_notice_is_ended_after_the_abort_timeout
     assert not any(_alive(pid) for pid in pids), "ranks survived the abort timeout"
 
 
+# what Open MPI's launcher prints when it has decided a job is over
+LAUNCHER_ENDS = ('prterun has exited due to process rank 0 with PID 0 on node h0 calling\n'
+                 '"abort". This may have caused other processes in the application to be\n')
+
+
+@pytest.mark.parametrize("flags", [[], ["--elastic"]], ids=["plain", "elastic"])
+def test_a_launcher_that_said_the_job_ends_and_goes_on_is_ended_after_the_abort_timeout(
+        openmpi, flags):
+    """Open MPI's launcher says it has exited but waits on (for a daemon on a host it cannot
+    reach), as a job whose rank 0 prints those words and whose ranks sleep on: hvdlikerun ends
+    it, under --elastic too (where the ranks' abort notices are no end), status 1."""
+    script = ("import os, time; from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); "
+              f"MPI.COMM_WORLD.Get_rank() == 0 and os.write(2, {LAUNCHER_ENDS.encode()!r}); "
+              "time.sleep(120)")
+    done = run_launcher("-np", "2", *flags, "--abort-timeout", "2", sys.executable, "-c",
+                        script)
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert done.stderr.strip().splitlines()[-1] == (
+        "hvdlikerun: error: the MPI's launcher said the job ends (above) 2 s ago, but still "
+        "runs (it may wait for a host it cannot reach); ending it (--abort-timeout)")
+
+
 def test_a_job_that_ends_after_an_abort_notice_keeps_its_own_status_and_output(openmpi):
     """A notice followed by the job's own end (the usual case, and MPI_Abort for real): no
     intervention, the status and every line as the job gave them."""

@@ -7,7 +7,8 @@ that notice as its last output (docs/reliability.md). ``hvdlikerun`` passes the 
 through an ``OutputWatch``; when a notice has appeared and the job is still running after the
 grace period, it ends the job; the same after rank 0 of an elastic job that lost ranks said
 that every rank has shut down (``ELASTIC_DONE``: the launcher may wait for ranks on a host it
-cannot reach, or frozen ones). It also keeps the lines in which hvdlike names a rank that
+cannot reach, or frozen ones), and after the launcher's own word that the job ends
+(``LAUNCHER_ENDS``), elastic or not. It also keeps the lines in which hvdlike names a rank that
 died without its shutdown (``hvdlike.base.death_notice``); hvdlikerun repeats the one with
 the earliest time of death as the job's last line. The same watch can leave some lines out
 of a stream (``drop``: TensorFlow's start-up lines, ``startup_noise``).
@@ -21,8 +22,11 @@ from typing import BinaryIO, Callable, List, Optional, Tuple
 from ..base.death_notice import ELASTIC_DONE, ENDED
 
 NOTICES = (b"MPI_ERRORS_ARE_FATAL", b"MPI_ABORT was invoked")
+# Open MPI's launcher (prterun, mpirun) has decided the job is over ("prterun has exited due
+# to process rank 0 ... calling abort") and may still wait for a daemon it cannot reach
+LAUNCHER_ENDS = b"has exited due to process rank"
 _DONE = ELASTIC_DONE.encode()
-_TAIL = max(len(n) for n in NOTICES + (_DONE,)) - 1  # bytes kept to see a notice split in two
+_TAIL = max(len(n) for n in NOTICES + (_DONE, LAUNCHER_ENDS)) - 1  # bytes kept to see a notice split in two
 _ENDED = ENDED.encode()
 _DEATH = re.compile(rb"^hvdlike: rank \d+ of \d+ \(pid \d+ on host .*\) " + re.escape(_ENDED)
                     + rb"(?: \(t=([\d.]+)\))?.*$", re.M)
@@ -37,6 +41,7 @@ class OutputWatch:
     def __init__(self) -> None:
         self.seen_at: Optional[float] = None
         self.done_at: Optional[float] = None  # when an elastic job said every rank shut down
+        self.ends_at: Optional[float] = None  # when the launcher said the job ends
         self._deaths: List[Tuple[float, int, str]] = []  # (time of death, order, line)
         self._threads: List[threading.Thread] = []
 
@@ -72,6 +77,8 @@ class OutputWatch:
                 self.seen_at = time.monotonic()
             if self.done_at is None and _DONE in seen:
                 self.done_at = time.monotonic()
+            if self.ends_at is None and LAUNCHER_ENDS in seen:
+                self.ends_at = time.monotonic()
             tail = seen[-_TAIL:]
             lines = line + chunk
             if _ENDED in lines:
@@ -96,6 +103,10 @@ class OutputWatch:
     def done_overdue(self, grace: float) -> bool:
         """An elastic job said every rank shut down more than ``grace`` seconds ago."""
         return self.done_at is not None and time.monotonic() - self.done_at > grace
+
+    def ends_overdue(self, grace: float) -> bool:
+        """The launcher said the job ends more than ``grace`` seconds ago."""
+        return self.ends_at is not None and time.monotonic() - self.ends_at > grace
 
     def finish(self, timeout: float = 5.0) -> None:
         """Wait (a bounded time: orphaned processes may hold the pipes) for the copies."""

@@ -127,7 +127,7 @@ def _wait(proc: subprocess.Popen, watch: Optional[OutputWatch], deaths: Optional
           done_grace: float = 0.0) -> int:
     """Wait for ``proc``; end it when an abort notice, or a rank's word that it ends the job
     (``deaths``), is more than ``abort_grace`` seconds old, or an elastic job's word that
-    every rank shut down more than ``done_grace``; kill it with what it started when it
+    every rank shut down, or the launcher's that the job ends, more than ``done_grace``; kill it with what it started when it
     outlives the first signal by ``signal_grace``."""
     while True:
         try:
@@ -143,6 +143,13 @@ def _wait(proc: subprocess.Popen, watch: Optional[OutputWatch], deaths: Optional
             print(f"hvdlikerun: error: {what} {abort_grace:g} s ago and the job has not ended; "
                   "ending it now (--abort-timeout)", file=sys.stderr, flush=True)
             end_process(proc, min(10.0, abort_grace))
+            return 1
+        grace = max(abort_grace, done_grace)
+        if grace > 0 and watch is not None and watch.ends_overdue(grace):
+            print(f"hvdlikerun: error: the MPI's launcher said the job ends (above) {grace:g} s "
+                  "ago, but still runs (it may wait for a host it cannot reach); ending it "
+                  "(--abort-timeout)", file=sys.stderr, flush=True)
+            end_process(proc, min(10.0, grace))
             return 1
         if done_grace > 0 and watch is not None and watch.done_overdue(done_grace):
             print(f"hvdlikerun: every rank of the job shut down {done_grace:g} s ago (above), "
