@@ -365,10 +365,11 @@ def test_bench_train_runs_across_two_test_hosts(tmp_path):
 
 
 def _launch_2x2(cluster, program, env=None, timeout=60, ulfm=False, runner=False,
-                elastic=False):
+                elastic=False, detector_timeout=4):
     """``program`` as 2 ranks on each of the two hosts (mpirun runs on host A; started by
     hvdlikerun, on host A too, with ``runner``; ``hvdlikerun --elastic`` with ``elastic``,
-    ULFM's heartbeat detector then declaring a silent rank failed after 4 s, not 10)."""
+    ULFM's heartbeat detector then declaring a silent rank failed after
+    ``detector_timeout`` s, not 10)."""
     from mpi_harness import launch
     mpirun = str(Path(sys.executable).parent / "mpirun")
     env = dict(env or {}, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -377,7 +378,8 @@ def _launch_2x2(cluster, program, env=None, timeout=60, ulfm=False, runner=False
                HVDLIKE_ELASTIC_RECOVERY_TIMEOUT="30")  # before the job's timeout, saying where
     ft = ["--with-ft", "ulfm"] if ulfm else []
     if elastic:
-        ft = ["--mca", "mpi_ft_detector_period", "1", "--mca", "mpi_ft_detector_timeout", "4"]
+        ft = ["--mca", "mpi_ft_detector_period", "1", "--mca", "mpi_ft_detector_timeout",
+              str(detector_timeout)]
     if runner or elastic:  # hvdlikerun forwards the environment itself
         def argv_for(argv):
             return [sys.executable, "-m", "hvdlike.runner", "-np", "4", "-H",
@@ -501,7 +503,9 @@ def test_elastic_training_goes_on_without_a_host_lost_mid_training(cluster, tmp_
     env = {"HVDLIKE_TEST_LINK": cluster.link_device(1), "HVDLIKE_TEST_RESULT_DIR": str(tmp_path),
            **({"HVDLIKE_ELASTIC_MAX_NP": "4"} if replace else {})}
     try:
-        job = _launch_2x2(cluster, program, env=env, timeout=180, elastic=True)
+        # new ranks: the survivors' root sends no heartbeats until they reach MPI_Init
+        job = _launch_2x2(cluster, program, env=env, timeout=180, elastic=True,
+                          detector_timeout=10 if replace else 4)
     finally:
         cluster.set_link(1, up=True)
         cluster.end_leftovers()  # host B's ranks, cut off or stopped

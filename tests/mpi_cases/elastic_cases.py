@@ -26,9 +26,8 @@ world that replaced dead ranks under ``hvdlikerun --max-np``):
 - ``link_host``: before that step's all-reduce the victim sets its host's link
   ``HVDLIKE_TEST_LINK`` down (``ip link``), and its host's ranks train on, cut off.
 
-With ``HVDLIKE_TEST_SLOW_START`` (seconds) every process sleeps that long before
-``hvd.init()`` (MPI_Init): a rank started in place of a dead one is then slow to join, as one
-whose program imports a large framework first.
+With ``HVDLIKE_TEST_SLOW_START`` (seconds) a rank started in place of a dead one sleeps that
+long before ``hvd.init()`` (MPI_Init), as one whose program imports a large framework first.
 """
 import json
 import os
@@ -66,7 +65,8 @@ def run_out_of_memory() -> None:
 
 def main() -> None:
     mode, victim, kill_step, steps = sys.argv[1], *map(int, sys.argv[2:5])
-    time.sleep(float(os.environ.get("HVDLIKE_TEST_SLOW_START", "0")))
+    if "OMPI_PARENT_PORT" in os.environ:  # started by MPI_Comm_spawn
+        time.sleep(float(os.environ.get("HVDLIKE_TEST_SLOW_START", "0")))
     hvd.init()
     replacement = hvd.elastic.is_replacement()  # started in place of a dead rank
     first_size = hvd.size()
