@@ -25,6 +25,10 @@ MODULES: List[Tuple[str, str]] = [
     ("hvdlike.keras", "Horovod's `horovod.keras` path: the names of `hvdlike.tensorflow.keras`."),
     ("hvdlike.keras.callbacks", "The same callbacks."),
     ("hvdlike.common.exceptions", "Horovod's `horovod.common.exceptions` path."),
+    ("hvdlike.tensorflow.data.compute_service", "tf.data service: a compute job's workers "
+                                                "feed the training ranks (Horovod's names)."),
+    ("hvdlike.runner.common.util.env", "Horovod's `horovod.runner.common.util.env` path: a "
+                                       "process's rank and size before `init()`."),
 ]
 
 

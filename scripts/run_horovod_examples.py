@@ -25,8 +25,8 @@ Anything else an example needed is in ``KERAS2`` and ``CHANGES`` below, with why
 what a Horovod user would change too (TensorFlow 2 and Keras 3 differences). An example
 counts as run when its job exits 0. Prints a table, writes OUT.json. Needs tf_keras for the
 examples/keras files, SciPy for keras_mnist_advanced.py (ImageDataGenerator's rotations and
-zooms use it) and TensorBoard for keras_imagenet_resnet50.py (its TensorBoard callback):
-``pip install tf_keras scipy tensorboard``.
+zooms use it), TensorBoard for keras_imagenet_resnet50.py (its TensorBoard callback) and
+filelock for the tf.data service example: ``pip install tf_keras scipy tensorboard filelock``.
 """
 import argparse
 import os
@@ -82,6 +82,15 @@ ARGS: Dict[str, List[str]] = {
         "--batch-size", "8", "--num-batches-per-iter", "2", "--num-iters", "2"],
     "keras_imagenet_resnet50.py": ["--batch-size", "8", "--val-batch-size", "8"],
 }
+
+# The tf.data service example runs beside a compute job (`python -m
+# hvdlike.tensorflow.data.compute_worker CONFIG --dispatcher-side SIDE`, as Horovod's docs
+# start it), once with the dispatchers on each side; its two train_fn files are modules it
+# imports, run through it
+DATA_SERVICE = "tensorflow2_mnist_data_service.py"
+DATA_SERVICE_SIDES = ("compute", "training")
+DATA_SERVICE_PARTS = ("tensorflow2_mnist_data_service_train_fn_compute_side_dispatcher.py",
+                      "tensorflow2_mnist_data_service_train_fn_training_side_dispatcher.py")
 
 PRELUDE = '''\
 # --- added by hvdlike's scripts/run_horovod_examples.py: synthetic data, a cap on length ---
@@ -197,24 +206,43 @@ def port(name: str, text: str) -> Tuple[str, List[str]]:
 
 
 def run_one(name: str, text: str, folder: Path, np_: int, timeout: float,
-            steps: int) -> Tuple[str, float, str]:
-    """(status, seconds, the output's tail) of one example's job."""
+            steps: int, side: Optional[str] = None) -> Tuple[str, float, str]:
+    """(status, seconds, the output's tail) of one example's job; for the tf.data service
+    example, with its compute job (dispatchers on ``side``) beside it."""
     script = folder / name
     script.write_text(text)
     env = dict(os.environ, EXAMPLE_STEP_CAP=str(steps), TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=str(folder), TF_USE_LEGACY_KERAS="1" if name in KERAS2 else "0")
-    argv = [sys.executable, "-m", "hvdlike.runner", "-np", str(np_), sys.executable, name,
-            *ARGS.get(name, [])]
+    hvdlikerun = [sys.executable, "-m", "hvdlike.runner", "-np", str(np_)]
+    args = ARGS.get(name, [])
+    compute = None
+    if side is not None:
+        config = folder / f"compute-{side}.json"
+        config.unlink(missing_ok=True)
+        args = [str(config)]
+        compute = subprocess.Popen(
+            [*hvdlikerun, sys.executable, "-m", "hvdlike.tensorflow.data.compute_worker",
+             str(config), "--dispatcher-side", side], cwd=folder, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     started = time.monotonic()
     try:
-        done = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run([*hvdlikerun, sys.executable, name, *args], cwd=folder, env=env,
+                              capture_output=True, text=True, timeout=timeout)
         status = "ran" if done.returncode == 0 else f"failed ({done.returncode})"
         output = done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
         status = f"timed out ({timeout:g} s)"
         output = (exc.stdout or b"").decode(errors="replace") + \
             (exc.stderr or b"").decode(errors="replace")
+    if compute is not None:  # the example's rank 0 ends it
+        try:
+            compute_output = compute.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            compute.kill()
+            compute_output = compute.communicate()[0]
+        if compute.returncode != 0 and status == "ran":
+            status = f"its compute job failed ({compute.returncode})"
+        output = f"{output}\n--- the compute job ---\n{compute_output}"
     return status, time.monotonic() - started, output[-3000:]
 
 
@@ -236,16 +264,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         for name, (text, _) in ported.items():  # examples import each other
             (folder / name).write_text(text)
         for name, (text, said) in ported.items():
-            if args.only and name not in args.only:
+            if args.only and name not in args.only or name in DATA_SERVICE_PARTS:
                 continue
-            status, seconds, tail = run_one(name, text, folder, args.np, args.timeout,
-                                            args.steps)
-            print(f"{name}: {status} in {seconds:.0f} s", flush=True)
-            if status != "ran":
-                print(tail, flush=True)
-            rows.append({"example": name, "status": status, "seconds": round(seconds, 1),
-                         "changes": "; ".join(said) or "imports only",
-                         "output_tail": tail if status != "ran" else ""})
+            for side in DATA_SERVICE_SIDES if name == DATA_SERVICE else [None]:
+                status, seconds, tail = run_one(name, text, folder, args.np, args.timeout,
+                                                args.steps, side)
+                shown = name if side is None else f"{name} (dispatchers on the {side} side)"
+                print(f"{shown}: {status} in {seconds:.0f} s", flush=True)
+                if status != "ran":
+                    print(tail, flush=True)
+                rows.append({"example": shown, "status": status, "seconds": round(seconds, 1),
+                             "changes": "; ".join(said) or "imports only",
+                             "output_tail": tail if status != "ran" else ""})
     print(markdown_table(["example", "status", "seconds", "changes"],
                          [[r["example"], r["status"], r["seconds"], r["changes"]]
                           for r in rows]))

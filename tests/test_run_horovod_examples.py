@@ -46,3 +46,26 @@ def test_a_keras_2_example_runs_on_tf_keras_with_tensorflow_2_gpu_pinning():
 def test_a_change_that_no_longer_applies_stops_the_run_naming_it():
     with pytest.raises(SystemExit, match="keras_mnist.py: .* is not in this version"):
         examples.port("keras_mnist.py", "import keras\nimport horovod.keras as hvd\n")
+
+
+def test_the_data_service_example_runs_once_per_dispatcher_side_and_its_parts_through_it(
+        tmp_path, monkeypatch):
+    """Its two train_fn files are modules it imports: they are written beside it, not run;
+    it runs twice, each time beside a compute job with the dispatchers on one side."""
+    folder = tmp_path / "horovod" / "examples" / "tensorflow2"
+    folder.mkdir(parents=True)
+    (tmp_path / "horovod" / "examples" / "keras").mkdir()
+    for name in (examples.DATA_SERVICE, *examples.DATA_SERVICE_PARTS, "tensorflow2_mnist.py"):
+        (folder / name).write_text("import horovod.tensorflow as hvd\n")
+    runs = []
+
+    def run_one(name, text, where, np_, timeout, steps, side=None):
+        runs.append((name, side, sorted(p.name for p in where.iterdir())))
+        return "ran", 1.0, ""
+    monkeypatch.setattr(examples, "run_one", run_one)
+    assert examples.main(["--horovod", str(tmp_path / "horovod"),
+                          "--out", str(tmp_path / "out")]) == 0
+    assert [(name, side) for name, side, _ in runs] == [
+        ("tensorflow2_mnist.py", None), (examples.DATA_SERVICE, "compute"),
+        (examples.DATA_SERVICE, "training")]
+    assert all(set(examples.DATA_SERVICE_PARTS) <= set(files) for _, _, files in runs)

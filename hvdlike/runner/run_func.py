@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import cloudpickle
 
+from ..base.compute_service import interface_addresses
 from .command import RUN_KEY_VARIABLE, reachable_address
 from .process import end_process
 
@@ -159,17 +160,8 @@ def _interface_address(interfaces: str) -> Optional[str]:
     """This machine's IPv4 address on the first of ``interfaces`` that has one here: names
     (``eth1``) or subnets (``10.1.0.0/16``), comma-separated, as the MPI is given them; None
     when none has (the caller may be a machine outside the job's network)."""
-    import fcntl
     import ipaddress
-    import struct
-    here: Dict[str, str] = {}
-    for _, name in socket.if_nameindex():
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:  # SIOCGIFADDR: the interface's IPv4 address
-                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-            except OSError:  # none
-                continue
-        here[name] = socket.inet_ntoa(packed[20:24])
+    here = interface_addresses()
     for item in (i.strip() for i in interfaces.split(",")):
         if "/" not in item:
             if item in here:

@@ -1,0 +1,1 @@
+"""Horovod's ``horovod.runner.common`` import paths that training scripts use."""

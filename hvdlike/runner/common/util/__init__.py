@@ -1,0 +1,1 @@
+"""Horovod's ``horovod.runner.common.util`` import paths that training scripts use (``env``)."""
