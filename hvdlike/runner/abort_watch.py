@@ -26,7 +26,8 @@ NOTICES = (b"MPI_ERRORS_ARE_FATAL", b"MPI_ABORT was invoked")
 # to process rank 0 ... calling abort") and may still wait for a daemon it cannot reach
 LAUNCHER_ENDS = b"has exited due to process rank"
 _DONE = ELASTIC_DONE.encode()
-_TAIL = max(len(n) for n in NOTICES + (_DONE, LAUNCHER_ENDS)) - 1  # bytes kept to see a notice split in two
+# bytes kept to see a notice split in two
+_TAIL = max(len(n) for n in NOTICES + (_DONE, LAUNCHER_ENDS)) - 1
 _ENDED = ENDED.encode()
 _DEATH = re.compile(rb"^hvdlike: rank \d+ of \d+ \(pid \d+ on host .*\) " + re.escape(_ENDED)
                     + rb"(?: \(t=([\d.]+)\))?.*$", re.M)

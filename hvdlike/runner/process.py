@@ -34,7 +34,7 @@ def run_command(argv: Sequence[str], env: Mapping[str, str],
     started. The child's output passes through an ``OutputWatch``, which leaves TensorFlow's
     start-up lines out of its stderr (unless ``HVDLIKE_TF_STARTUP_LOGS=1`` in ``env``) and,
     with ``abort_grace`` > 0, ends a job still running that long after the MPI printed an
-    abort notice (status 1); with ``done_grace`` > 0 (elastic jobs), ends a job still running
+    abort notice, or its launcher said the job ends (also under ``done_grace``; status 1); with ``done_grace`` > 0 (elastic jobs), ends a job still running
     that long after its rank 0 said every rank shut down (``ELASTIC_DONE``: the launcher
     waits for ranks it cannot reach, or frozen ones; status 0). The last line says why a job
     ended: the signal received; else,
@@ -127,8 +127,9 @@ def _wait(proc: subprocess.Popen, watch: Optional[OutputWatch], deaths: Optional
           done_grace: float = 0.0) -> int:
     """Wait for ``proc``; end it when an abort notice, or a rank's word that it ends the job
     (``deaths``), is more than ``abort_grace`` seconds old, or an elastic job's word that
-    every rank shut down, or the launcher's that the job ends, more than ``done_grace``; kill it with what it started when it
-    outlives the first signal by ``signal_grace``."""
+    every rank shut down more than ``done_grace``, or the launcher's that the job ends more
+    than either; kill it with what it started when it outlives the first signal by
+    ``signal_grace``."""
     while True:
         try:
             return proc.wait(timeout=0.5)
@@ -144,6 +145,12 @@ def _wait(proc: subprocess.Popen, watch: Optional[OutputWatch], deaths: Optional
                   "ending it now (--abort-timeout)", file=sys.stderr, flush=True)
             end_process(proc, min(10.0, abort_grace))
             return 1
+        if done_grace > 0 and watch is not None and watch.done_overdue(done_grace):
+            print(f"hvdlikerun: every rank of the job shut down {done_grace:g} s ago (above), "
+                  "but the MPI's launcher still waits for the ranks it lost (a host it cannot "
+                  "reach, or frozen): ending it (--abort-timeout)", file=sys.stderr, flush=True)
+            end_process(proc, min(10.0, done_grace))
+            return 0
         grace = max(abort_grace, done_grace)
         if grace > 0 and watch is not None and watch.ends_overdue(grace):
             print(f"hvdlikerun: error: the MPI's launcher said the job ends (above) {grace:g} s "
@@ -151,12 +158,6 @@ def _wait(proc: subprocess.Popen, watch: Optional[OutputWatch], deaths: Optional
                   "(--abort-timeout)", file=sys.stderr, flush=True)
             end_process(proc, min(10.0, grace))
             return 1
-        if done_grace > 0 and watch is not None and watch.done_overdue(done_grace):
-            print(f"hvdlikerun: every rank of the job shut down {done_grace:g} s ago (above), "
-                  "but the MPI's launcher still waits for the ranks it lost (a host it cannot "
-                  "reach, or frozen): ending it (--abort-timeout)", file=sys.stderr, flush=True)
-            end_process(proc, min(10.0, done_grace))
-            return 0
         if caught and signal_grace > 0 and time.monotonic() - caught[0][1] > signal_grace:
             print(f"hvdlikerun: error: the job still runs {signal_grace:g} s after "
                   f"{signal.Signals(caught[0][0]).name} was passed on to {proc.args[0]}; "
