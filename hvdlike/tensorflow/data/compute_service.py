@@ -90,12 +90,14 @@ class TfDataServiceConfig:
 
 
 def _this_host() -> str:
-    """This machine's name as other hosts reach it (its address where the name resolves)."""
+    """This machine's name, as other hosts reach it (``localhost`` where the name does not
+    resolve even here)."""
     name = socket.gethostname()
     try:
-        return socket.gethostbyname(name)
+        socket.getaddrinfo(name, None)
     except OSError:
-        return name
+        return "localhost"
+    return name
 
 
 def start_dispatcher() -> Tuple[Any, str]:
