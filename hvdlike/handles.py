@@ -1,4 +1,10 @@
-"""Handles returned by the ``*_async`` collectives (the blocking forms wait on one too)."""
+"""Handles returned by the ``*_async`` collectives (the blocking forms wait on one too).
+
+A user holds a ``Handle`` (``poll``, ``synchronize``, ``add_done_callback``). The engine
+works it through this module's functions: ``complete`` and ``succeed`` (on the engine's
+thread), ``sleep_on`` (a waiting caller's thread), and ``set_finisher`` (the submitting
+call, for what ``synchronize`` does to the result on the caller's thread).
+"""
 import threading
 from typing import Any, Callable, List, Optional
 
@@ -26,21 +32,6 @@ class Handle:
         self._finish: Optional[Callable[[Any], Any]] = None
         self._callbacks: Optional[List[Callable[[], None]]] = None  # add_done_callback's
 
-    def _complete(self, result: Any, error: Optional[BaseException]) -> None:
-        self._result, self._error = result, error
-        with _SLEEPERS:
-            self._done = True
-            event, callbacks = self._event, self._callbacks
-            self._callbacks = None
-        self._engine = None
-        if event is not None:
-            event.set()
-        for callback in callbacks or ():
-            try:
-                callback()
-            except Exception:  # the completing thread (the engine's) must go on
-                logger.exception("hvdlike: a handle's done callback raised")
-
     def add_done_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once the handle is complete: at once if it is, otherwise on
         the thread that completes it (the engine's: keep it short, and never wait there for
@@ -52,19 +43,6 @@ class Handle:
                 self._callbacks.append(callback)
                 return
         callback()
-
-    def _sleep(self, timeout: float) -> None:
-        """Sleep until the handle completes or ``timeout`` seconds pass."""
-        with _SLEEPERS:
-            if self._done:
-                return
-            if self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        event.wait(timeout)
-
-    def _succeed(self, result: Any) -> None:
-        self._complete(result, None)
 
     def poll(self) -> bool:
         """True once the result is there; never blocks."""
@@ -80,6 +58,43 @@ class Handle:
         if self._finish is not None:
             self._result, self._finish = self._finish(self._result), None
         return self._result
+
+
+def complete(handle: Handle, result: Any, error: Optional[BaseException]) -> None:
+    """Give ``handle`` its result, or its error; wake its waiters and run its callbacks."""
+    handle._result, handle._error = result, error
+    with _SLEEPERS:
+        handle._done = True
+        event, callbacks = handle._event, handle._callbacks
+        handle._callbacks = None
+    handle._engine = None
+    if event is not None:
+        event.set()
+    for callback in callbacks or ():
+        try:
+            callback()
+        except Exception:  # the completing thread (the engine's) must go on
+            logger.exception("hvdlike: a handle's done callback raised")
+
+
+def succeed(handle: Handle, result: Any) -> None:
+    complete(handle, result, None)
+
+
+def sleep_on(handle: Handle, timeout: float) -> None:
+    """Sleep until ``handle`` completes or ``timeout`` seconds pass."""
+    with _SLEEPERS:
+        if handle._done:
+            return
+        if handle._event is None:
+            handle._event = threading.Event()
+        event = handle._event
+    event.wait(timeout)
+
+
+def set_finisher(handle: Handle, finish: Callable[[Any], Any]) -> None:
+    """Have ``synchronize`` apply ``finish`` once to the result, on the caller's thread."""
+    handle._finish = finish
 
 
 def _check(handle: Any, what: str) -> None:

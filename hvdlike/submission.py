@@ -11,6 +11,7 @@ from .base import dtypes
 from .base.reduce_ops import ReduceOp
 from .engine import adasum, checks
 from .engine.checks import Request
+from .handles import set_finisher
 from .process_sets import ProcessSet
 from .transport import gpu
 
@@ -86,7 +87,7 @@ def submit(process_set: ProcessSet, request: Request, error: Optional[checks.Loc
         return engine.submit(request, error, inputs, process_set)
     handle = engine.submit(request._replace(device="gpu"), error,
                            gpu.submitted(inputs, blocking), process_set, wake=not blocking)
-    handle._finish = gpu.finisher(on_gpu.restore)
+    set_finisher(handle, gpu.finisher(on_gpu.restore))
     return handle.synchronize() if blocking else handle
 
 

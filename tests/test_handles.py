@@ -5,7 +5,7 @@ import threading
 import pytest
 
 import hvdlike as hvd
-from hvdlike.handles import Handle
+from hvdlike.handles import Handle, complete, succeed
 
 
 def test_a_callback_runs_once_on_the_thread_that_completes_the_handle():
@@ -13,7 +13,7 @@ def test_a_callback_runs_once_on_the_thread_that_completes_the_handle():
     handle.add_done_callback(lambda: calls.append(threading.current_thread().name))
     handle.add_done_callback(lambda: calls.append("second"))
     assert calls == [] and not handle.poll()
-    completer = threading.Thread(target=handle._succeed, args=([1, 2],), name="completer")
+    completer = threading.Thread(target=succeed, args=(handle, [1, 2]), name="completer")
     completer.start()
     completer.join()
     assert calls == ["completer", "second"]
@@ -22,7 +22,7 @@ def test_a_callback_runs_once_on_the_thread_that_completes_the_handle():
 
 def test_a_callback_added_after_completion_runs_at_once_also_after_an_error():
     handle, calls = Handle(None), []
-    handle._complete(None, ValueError("bad input on rank 1"))
+    complete(handle, None, ValueError("bad input on rank 1"))
     handle.add_done_callback(lambda: calls.append(handle.poll()))
     assert calls == [True]
 

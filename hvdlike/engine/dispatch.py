@@ -2,9 +2,10 @@
 other collectives in the order every rank computes alike; a collective's error goes to its
 handle, a dead rank fails the engine; the timeline's record of each."""
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from ..handles import Handle
+from ..handles import Handle, complete, succeed
 from ..transport.failures import is_process_failure
 from . import allreduce, execute_gpu, pending, timeline
 from .checks import Kind, raised_on_every_rank
@@ -37,17 +38,17 @@ def run_responses(engine: "Engine", responses: List[Any], ready: float) -> None:
         if response.error is not None:
             error = raised_on_every_rank(response.error, ps.rank())
             if entry is not None:
-                entry.handle._complete(None, error)
+                complete(entry.handle, None, error)
             elif engine._join_entry is not None:  # a joined rank cannot serve this one
                 join, engine._join_entry, engine._joined_round = engine._join_entry, None, -1
-                join.handle._complete(None, error)
+                complete(join.handle, None, error)
             continue
         if entry is None:  # joined: take part with zeros, keep nothing
             served.append(response.key)
             zeros = execute_gpu.zeros_for if response.request.device == "gpu" else zeros_for
             work = Work(response.request, zeros(response.request), ps, discard)
         else:
-            work = Work(response.request, entry.inputs, ps, entry.handle._succeed)
+            work = Work(response.request, entry.inputs, ps, partial(succeed, entry.handle))
         (reductions if response.request.kind in ALLREDUCES else others).append(work)
     # a process set's removal last, after the round's collectives on that set
     others.sort(key=lambda work: work.request.kind == Kind.PROCESS_SET)
@@ -126,8 +127,8 @@ def guarded(engine: "Engine", run: Any, works: List[Work]) -> None:
             raise  # the whole engine fails, with every request in it (failing.fail)
         for work in works:
             handle = getattr(work.done, "__self__", None)
-            if isinstance(handle, Handle) and not handle._done:
-                handle._complete(None, exc)
+            if isinstance(handle, Handle) and not handle.poll():
+                complete(handle, None, exc)
     finally:
         engine.watchdog.enter(ROUND)  # the rest of the round
 

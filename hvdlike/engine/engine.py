@@ -38,7 +38,7 @@ import time
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional
 
 from ..base.errors import RanksFailedError
-from ..handles import Handle
+from ..handles import Handle, complete, sleep_on
 from ..transport.control import Control
 from . import autotune, dispatch, execute_gpu, failing, latency, pending, timeline
 from .checks import LocalError, Request
@@ -197,12 +197,12 @@ class Engine:
                 self._waited.remove(handle)
 
     def _wait(self, handle: Handle) -> None:
-        while not handle._done:
+        while not handle.poll():
             # While another thread runs a round, wait for it to end (it may complete this
             # handle, or have left this request queued for the next round) rather than sleep
             # a cycle: the background thread leaves the rounds to waiting threads.
             with self._lock:
-                if handle._done:
+                if handle.poll():
                     return
                 if self.stopped:
                     raise self.failure or RuntimeError(
@@ -217,7 +217,7 @@ class Engine:
                 if pause <= 0:
                     self._round()
                     continue
-            handle._sleep(pause)
+            sleep_on(handle, pause)
 
     def stop(self) -> None:
         """Shut down together with the other ranks (collective); fails what is left."""
@@ -359,7 +359,7 @@ class Engine:
         if decision.all_joined and self._join_entry is not None:
             entry, self._join_entry, self._joined_round = self._join_entry, None, -1
             self._progress_at = now
-            entry.handle._complete(decision.last_joined, None)
+            complete(entry.handle, decision.last_joined, None)
         if decision.deadlock is not None:
             failing.fail_deadlocked(self, decision.deadlock)
         if decision.stop:

@@ -4,7 +4,7 @@ deadlock found, ranks that shut down, a process set removed, the engine stopped.
 from typing import TYPE_CHECKING, Dict, List, Sequence
 
 from ..base.errors import DeadlockError, RanksFailedError
-from ..handles import Handle
+from ..handles import Handle, complete
 from ..transport.failures import failed_ranks, is_process_failure, revoke
 from . import execute_gpu, pending
 from .checks import Kind
@@ -31,7 +31,7 @@ def forget_set(engine: "Engine", set_id: int) -> None:
                 pending.clear_bit(engine, entry)
             del engine._pending[entry.key]
         ranks = missing.get(id(entry))
-        entry.handle._complete(None, RuntimeError(
+        complete(entry.handle, None, RuntimeError(
             f"hvdlike.{entry.request.kind} {entry.request.name!r} on process set {set_id} "
             "cannot complete: the set was removed (hvdlike.remove_process_set) before "
             + (f"ranks {ranks} submitted it" if ranks else "it ran") + ". Every member "
@@ -80,7 +80,7 @@ def fail_deadlocked(engine: "Engine", found: Found) -> None:
                 del engine._later[entry.key]
         error = DeadlockError(found.message, list(found.ranks))
         error.hvdlike_quiet = me != found.ranks[0]  # type: ignore[attr-defined]
-        entry.handle._complete(None, error)
+        complete(entry.handle, None, error)
 
 
 def fail_waiting_on(engine: "Engine", stopped: Sequence[int]) -> None:
@@ -105,17 +105,17 @@ def fail_waiting_on(engine: "Engine", stopped: Sequence[int]) -> None:
         gone = [r for r in pending.missing(engine, entry) if r in stopped]
         if gone:
             pending.retire(engine, entry)
-            entry.handle._complete(None, error(
+            complete(entry.handle, None, error(
                 f"hvdlike.{entry.request.kind} {entry.request.name!r}", gone))
     if engine._join_entry is not None and not engine._stopping:
         entry, engine._join_entry, engine._joined_round = engine._join_entry, None, -1
-        entry.handle._complete(None, error("hvdlike.join", list(stopped)))
+        complete(entry.handle, None, error("hvdlike.join", list(stopped)))
 
 
 def stop_now(engine: "Engine") -> None:
     engine.stopped = True
     for entry in take_all(engine):
-        entry.handle._complete(None, RuntimeError(
+        complete(entry.handle, None, RuntimeError(
             f"hvdlike.{entry.request.kind} {entry.request.name!r} was still pending when "
             "hvdlike shut down"))
 
@@ -157,9 +157,9 @@ def fail(engine: "Engine", exc: BaseException) -> None:
     logger.debug(f"engine: failed ({exc}); revoked every communicator; failed ranks "
                  f"known here: {failed}")
     for entry in take_all(engine):
-        entry.handle._complete(None, error)
+        complete(entry.handle, None, error)
     for work in engine._in_flight:
         handle = getattr(work.done, "__self__", None)
-        if isinstance(handle, Handle) and not handle._done:
-            handle._complete(None, error)
+        if isinstance(handle, Handle) and not handle.poll():
+            complete(handle, None, error)
     engine._in_flight = []

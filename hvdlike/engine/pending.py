@@ -5,7 +5,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
-from ..handles import Handle
+from ..handles import Handle, complete
 from . import timeline
 from .checks import Kind, Request
 from .deadlock import JOIN_KEY
@@ -27,7 +27,7 @@ def take_queue(engine: "Engine", now: float,
         new, engine._queue = engine._queue, []
     for entry in new:
         if engine.sets.get(entry.key[0]) is not entry.process_set:  # removed meanwhile
-            entry.handle._complete(None, RuntimeError(
+            complete(entry.handle, None, RuntimeError(
                 f"hvdlike.{entry.request.kind} {entry.request.name!r}: its process set "
                 "was removed (hvdlike.remove_process_set, on another thread) before the "
                 "request could be sent"))
