@@ -1263,6 +1263,32 @@ def test_the_death_watch_names_the_first_rank_to_die_not_those_ended_after_or_to
         watch.close()
 
 
+def test_what_ranks_say_after_the_watch_kept_the_unheard_does_not_count():
+    """Ranks 0 and 1 end the job (a collective timeout); 2 and 3 are silent (a frozen host).
+    hvdlikerun keeps who is unheard before it ends the job: rank 2, woken to be killed and
+    saying it shuts down, is still named."""
+    from hvdlike.runner.death_watch import DeathWatch
+
+    watch = DeathWatch("127.0.0.1", ranks=4)
+    name, value = watch.variable
+    procs = _watched_ranks(dict(os.environ, **{name: value, "PYTHONPATH": str(REPO)}))
+    try:
+        tell(procs[0], "ending\n")
+        tell(procs[1], "ending\n")
+        assert watch.ended_by() is not None  # caught up with both
+        assert sorted(w.split(" of ")[0] for w in watch.unheard()) == ["rank 2", "rank 3"]
+        watch.keep_unheard()
+        tell(procs[2], "shutdown\n")
+        watch.first_death()  # caught up with rank 2's word
+        assert sorted(w.split(" of ")[0] for w in watch.unheard()) == ["rank 2", "rank 3"]
+        watch.clear()
+        assert watch.unheard() == []
+    finally:
+        for p in procs:
+            p.kill()
+        watch.close()
+
+
 def test_the_death_watch_outlasts_bytes_that_are_no_text_and_idle_or_half_sent_connections(
         monkeypatch):
     """Another local user's connections: a line that is not text, and more idle and

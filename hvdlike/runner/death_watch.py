@@ -54,6 +54,7 @@ class DeathWatch:
         self._events: List[Tuple[str, str, str]] = []  # ("died" or "ending", who, why)
         self._last_word: Dict[str, str] = {}  # who -> "", "ending", "shutdown" or "died"
         self.ended_at: Optional[float] = None  # time.monotonic() of the first "ending"
+        self._kept_unheard: Optional[List[str]] = None  # keep_unheard's
         self._deaf = False  # the watch stopped accepting (out of file descriptors)
         self._lock = threading.Lock()
         self._caught_up = threading.Event()
@@ -89,9 +90,19 @@ class DeathWatch:
 
     def unheard(self) -> List[str]:
         """The ranks that have said neither that they shut down nor that they end the job:
-        still connected, or gone without a word (as of the last catch-up)."""
+        still connected, or gone without a word (as of the last catch-up, or of
+        ``keep_unheard``)."""
         with self._lock:
+            if self._kept_unheard is not None:
+                return list(self._kept_unheard)
             return [who for who, word in self._last_word.items() if word in ("", "died")]
+
+    def keep_unheard(self) -> None:
+        """Fix ``unheard()`` as it is now, before hvdlikerun ends the job: what ranks say
+        while it is torn down (a frozen rank woken to be killed) does not count."""
+        found = self.unheard()
+        with self._lock:
+            self._kept_unheard = found
 
     def clear(self) -> None:
         """Forget what was seen so far (a restarted job starts afresh)."""
@@ -99,6 +110,7 @@ class DeathWatch:
             self._events.clear()
             self._last_word.clear()
             self.ended_at = None
+            self._kept_unheard = None
 
     def _catch_up(self, timeout: float) -> None:
         """Wait (up to ``timeout`` s) for this thread to take in what happened before."""

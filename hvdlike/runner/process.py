@@ -143,6 +143,8 @@ def _wait(proc: subprocess.Popen, watch: Optional[OutputWatch], deaths: Optional
                 "a rank said it ends the job (above)"
             print(f"hvdlikerun: error: {what} {abort_grace:g} s ago and the job has not ended; "
                   "ending it now (--abort-timeout)", file=sys.stderr, flush=True)
+            if deaths is not None:
+                deaths.keep_unheard()
             end_process(proc, min(10.0, abort_grace))
             return 1
         if done_grace > 0 and watch is not None and watch.done_overdue(done_grace):
