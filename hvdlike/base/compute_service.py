@@ -91,7 +91,7 @@ class ComputeService:
                 request = conn.recv()  # unpickled only once the key is known to match
                 try:
                     reply: Any = self._handle(*request)
-                except (ValueError, IndexError, TimeoutError) as exc:
+                except (ValueError, IndexError, TimeoutError, ConnectionError) as exc:
                     reply = exc
                 conn.send(reply)
         except Exception:  # noqa: BLE001 - a stranger, a wrong key, a closed connection
@@ -108,6 +108,8 @@ class ComputeService:
             raise TimeoutError(f"hvdlike compute service: {what} within {timeout:g} s; is "
                                "the compute job running, with as many ranks as its config "
                                "says? (or raise the config's timeout)")
+        if not ready():
+            raise ConnectionError(f"hvdlike compute service: shut down while {what} yet")
 
     def _handle(self, request: str, *args: Any) -> Any:
         with self._changed:

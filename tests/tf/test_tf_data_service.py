@@ -8,6 +8,7 @@ import os
 import stat
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -105,9 +106,22 @@ def test_the_compute_service_answers_its_requests_and_refuses_a_wrong_key():
             ComputeClient(addresses, b"wrong").register_dispatcher(0, "grpc://x:1")
         waiting = threading.Thread(target=client.wait_for_shutdown)
         waiting.start()
+        raised = []
+
+        def wait_for_dispatcher_0():
+            try:
+                client.wait_for_dispatcher_registration(0, 60)
+            except ConnectionError as exc:
+                raised.append(str(exc))
+        never = threading.Thread(target=wait_for_dispatcher_0)
+        never.start()
+        time.sleep(0.5)  # both requests are waiting in the service
         client.shutdown()
         waiting.join(10)
-        assert not waiting.is_alive()
+        never.join(10)
+        assert not waiting.is_alive() and not never.is_alive()
+        assert raised == ["hvdlike compute service: shut down while no dispatcher 0 "
+                          "registered yet"]
     finally:
         service.shutdown()
     with pytest.raises(ConnectionError, match="cannot reach the compute service"):
