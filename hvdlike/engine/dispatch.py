@@ -48,7 +48,8 @@ def run_responses(engine: "Engine", responses: List[Any], ready: float) -> None:
             zeros = execute_gpu.zeros_for if response.request.device == "gpu" else zeros_for
             work = Work(response.request, zeros(response.request), ps, discard)
         else:
-            work = Work(response.request, entry.inputs, ps, partial(succeed, entry.handle))
+            work = Work(response.request, entry.inputs, ps, partial(succeed, entry.handle),
+                        handle=entry.handle)
         (reductions if response.request.kind in ALLREDUCES else others).append(work)
     # a process set's removal last, after the round's collectives on that set
     others.sort(key=lambda work: work.request.kind == Kind.PROCESS_SET)
@@ -126,9 +127,8 @@ def guarded(engine: "Engine", run: Any, works: List[Work]) -> None:
         if is_process_failure(exc, engine._ctrl):
             raise  # the whole engine fails, with every request in it (failing.fail)
         for work in works:
-            handle = getattr(work.done, "__self__", None)
-            if isinstance(handle, Handle) and not handle.poll():
-                complete(handle, None, exc)
+            if isinstance(work.handle, Handle) and not work.handle.poll():
+                complete(work.handle, None, exc)
     finally:
         engine.watchdog.enter(ROUND)  # the rest of the round
 

@@ -159,7 +159,6 @@ def fail(engine: "Engine", exc: BaseException) -> None:
     for entry in take_all(engine):
         complete(entry.handle, None, error)
     for work in engine._in_flight:
-        handle = getattr(work.done, "__self__", None)
-        if isinstance(handle, Handle) and not handle.poll():
-            complete(handle, None, error)
+        if isinstance(work.handle, Handle) and not work.handle.poll():
+            complete(work.handle, None, error)
     engine._in_flight = []

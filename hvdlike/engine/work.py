@@ -24,6 +24,9 @@ class Work(NamedTuple):
     # GPU work staged through host memory: the CUDA stream its inputs were copied on (and its
     # results go back on); None otherwise
     inputs_stream: Any = None
+    # the handle ``done`` completes, which gets the error when running the work raises; None
+    # where the result goes elsewhere (a joined rank's zeros, a latency-path call, GPU staging)
+    handle: Any = None
 
 
 Phases = Optional[List[Tuple[str, float, float]]]  # (name, start, end) for the timeline
