@@ -7,7 +7,9 @@ Each case is warmed up first (the response cache knows the names), then profiled
 thread with ``sys.setprofile``: every hvdlike function entered counts its file once. The Keras
 step runs with ``run_eagerly=True``, so that its Python runs on the profiled thread (in a
 compiled step the same reduction runs from TensorFlow's threads, the tracing once); the numbers
-in docs/architecture.md come from this script.
+in docs/architecture.md come from this script. A call usually moves its data on the calling
+thread; where a peer came late on some rank, the engine's thread moved it there, out of the
+profile's sight, and the call is profiled again (up to ``ATTEMPTS`` times).
 """
 import argparse
 import json
@@ -20,6 +22,8 @@ import numpy as np
 import hvdlike as hvd
 
 ROOT = os.path.dirname(os.path.abspath(hvd.__file__))
+ATTEMPTS = 10
+MOVES_DATA = "transport/mpi.py"
 
 
 def files_run(call: Callable[[], Any]) -> List[Dict[str, Any]]:
@@ -42,11 +46,24 @@ def files_run(call: Callable[[], Any]) -> List[Dict[str, Any]]:
     return [{"file": os.path.relpath(p, ROOT), "first": f} for p, f in seen.items()]
 
 
+def profiled(call: Callable[[], Any]) -> List[Dict[str, Any]]:
+    """``files_run(call)`` of the first attempt in which every rank's calling thread moved
+    the data (each rank makes the same number of attempts)."""
+    for _ in range(ATTEMPTS):
+        hvd.barrier()
+        files = files_run(call)
+        here = any(f["file"] == MOVES_DATA for f in files)
+        if hvd.allreduce(np.array([here], np.int32), op=hvd.Min, name="call_path.here")[0]:
+            return files
+    raise SystemExit(f"call_path.py: in {ATTEMPTS} attempts the engine's thread, not the "
+                     "calling one, moved the data on some rank; is the machine loaded?")
+
+
 def numpy_allreduce() -> List[Dict[str, Any]]:
     x = np.ones(4, np.float32)
     for _ in range(3):
         hvd.allreduce(x, name="call_path")
-    return files_run(lambda: hvd.allreduce(x, name="call_path"))
+    return profiled(lambda: hvd.allreduce(x, name="call_path"))
 
 
 def keras_gradient() -> List[Dict[str, Any]]:
@@ -58,7 +75,7 @@ def keras_gradient() -> List[Dict[str, Any]]:
     model.compile(optimizer=opt, loss="mse", run_eagerly=True)
     x, y = np.ones((16, 8), np.float32), np.ones((16, 1), np.float32)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)  # warm-up: builds, names cached
-    return files_run(lambda: model.train_on_batch(x, y))
+    return profiled(lambda: model.train_on_batch(x, y))
 
 
 def main(argv: Any = None) -> None:
