@@ -118,8 +118,9 @@ def test_variables_that_are_no_setting_are_reported_once_with_what_to_do():
     assert notes[0] == ("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE is ignored: hvdlike's autotune "
                         "searches with optuna's TPE sampler, which has no noise term")
     assert notes[1] == "HOROVOD_CONTROLLER is ignored: hvdlike runs on MPI only"
-    assert notes[2] == ("HOROVOD_ENABLE_XLA_OPS is ignored: hvdlike's collectives cannot run "
-                        "inside XLA; compile with jit_compile=False")
+    assert notes[2] == ("HOROVOD_ENABLE_XLA_OPS is ignored: hvdlike's collectives run between "
+                        "XLA-compiled parts (Keras fit does that with jit_compile=True), "
+                        "never inside them")
     assert with_horovod_names({"HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_FOO": "1"})[1] == [
         "HOROVOD_DYNAMIC_PROCESS_SETS is ignored: process sets can always be added and removed "
         "after init", "HOROVOD_FOO is ignored: hvdlike has no such setting"]

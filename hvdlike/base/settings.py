@@ -192,8 +192,8 @@ HOROVOD_IGNORED = {
     "HOROVOD_CONTROLLER": "hvdlike runs on MPI only",
     "HOROVOD_CPU_OPERATIONS": "hvdlike runs on MPI only",
     "HOROVOD_DYNAMIC_PROCESS_SETS": "process sets can always be added and removed after init",
-    "HOROVOD_ENABLE_XLA_OPS": "hvdlike's collectives cannot run inside XLA; compile with "
-                              "jit_compile=False",
+    "HOROVOD_ENABLE_XLA_OPS": "hvdlike's collectives run between XLA-compiled parts (Keras "
+                              "fit does that with jit_compile=True), never inside them",
 }
 _HOROVOD_BUILD = ("HOROVOD_WITH_", "HOROVOD_WITHOUT_", "HOROVOD_BUILD_", "HOROVOD_GPU",
                   "HOROVOD_NCCL_", "HOROVOD_CUDA_", "HOROVOD_ROCM_", "HOROVOD_CMAKE",

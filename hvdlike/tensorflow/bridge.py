@@ -74,10 +74,12 @@ def _check_not_xla(what):
     if compat.in_xla_context():
         raise RuntimeError(
             f"hvdlike.tensorflow.{what} was called inside an XLA-compiled function "
-            "(jit_compile=True). hvdlike collectives run on the host through "
-            "tf.numpy_function, which XLA cannot compile. Use jit_compile=False: "
-            "model.compile(..., jit_compile=False) for Keras, or "
-            "tf.function(fn, jit_compile=False) for custom loops.")
+            "(jit_compile=True), which cannot compile hvdlike's collectives (they run on the "
+            "host). Call the collective between compiled parts instead: e.g. one "
+            "tf.function(jit_compile=True) returning the gradients, the all-reduce, and "
+            "another compiling the update (docs/tensorflow.md, 'XLA'); Keras's "
+            "model.fit(jit_compile=True) with a DistributedOptimizer does so itself. Or "
+            "compile without XLA (jit_compile=False).")
 
 
 def ps_size(process_set):

@@ -1,7 +1,8 @@
 """What ``DistributedOptimizer`` changes in Keras itself, so that a Horovod script runs with
 only its import line changed and every rank decides alike: a ``LossScaleOptimizer`` around a
-distributed optimizer agrees on skipping a step across ranks; ``jit_compile="auto"`` means off
-with a distributed optimizer (the collectives cannot run inside XLA); Keras 3's ``compile``
+distributed optimizer agrees on skipping a step across ranks; with ``jit_compile`` on, Keras
+3's train step is compiled by XLA around the collectives (``xla_steps``; on other backends
+than TensorFlow ``jit_compile="auto"`` means off); Keras 3's ``compile``
 accepts tf_keras's ``experimental_run_tf_function``; Keras 3 optimizers answer to tf_keras's
 ``variables()`` and ``lr``. ``install`` applies them (``hvdlike.tensorflow.optimizer`` does
 at import); each patch leaves Keras's behaviour alone where no distributed optimizer is
@@ -12,7 +13,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from hvdlike import Min
-from hvdlike.tensorflow import compat, ops
+from hvdlike.tensorflow import compat, ops, xla_steps
 from hvdlike.tensorflow.optimizer_classes import is_distributed_optimizer, unreduced
 
 
@@ -106,11 +107,13 @@ def _wraps_a_distributed_optimizer(optimizer: Any) -> bool:
     return False
 
 
-def _auto_jit_off_when_distributed(local_resolve: Callable[[Any], bool]) -> Callable[[Any], bool]:
+def _auto_jit_off_beyond_tensorflow(local_resolve: Callable[[Any], bool]) -> Callable[[Any], bool]:
     """Keras 3's resolution of ``jit_compile="auto"``, off for a model whose optimizer is
-    distributed (Keras itself resolves "auto" to off under tf.distribute); else Keras's."""
+    distributed when Keras runs on another backend than TensorFlow (JAX would trace the
+    TensorFlow collectives); else Keras's."""
     def _resolve_auto_jit_compile(self):
-        if _wraps_a_distributed_optimizer(getattr(self, "optimizer", None)):
+        if compat.keras().backend.backend() != "tensorflow" and \
+                _wraps_a_distributed_optimizer(getattr(self, "optimizer", None)):
             return False
         return local_resolve(self)
 
@@ -118,17 +121,14 @@ def _auto_jit_off_when_distributed(local_resolve: Callable[[Any], bool]) -> Call
     return _resolve_auto_jit_compile
 
 
-def _no_auto_xla_with_distributed_optimizers():
-    """Keras 3 resolves ``compile(jit_compile="auto")`` to XLA on a machine with a GPU, and
-    hvdlike's collectives cannot run inside XLA (the step would raise at trace time). With a
-    DistributedOptimizer "auto" now means off, as Keras does under tf.distribute for the same
-    reason; an explicit ``jit_compile=True`` still raises, saying what to do. Installed once."""
+def _no_auto_xla_beyond_tensorflow():
+    """With a DistributedOptimizer and Keras on JAX or torch, ``jit_compile="auto"`` means
+    off (on TensorFlow, ``xla_steps`` compiles the step around the collectives)."""
     owner = compat.keras3_model_method_owner("_resolve_auto_jit_compile")
     if owner is None or getattr(owner._resolve_auto_jit_compile, "_hvdlike_resolves", False):
         return
-    owner._resolve_auto_jit_compile = _auto_jit_off_when_distributed(
+    owner._resolve_auto_jit_compile = _auto_jit_off_beyond_tensorflow(
         owner._resolve_auto_jit_compile)
-
 
 
 def _compile_taking_horovods_flag(compile_: Callable[..., Any]) -> Callable[..., Any]:
@@ -222,6 +222,7 @@ def _callable_variables(prop: property) -> property:
 def install() -> None:
     """Apply every patch above (each once: installing again changes nothing)."""
     _agree_on_loss_scale_decisions()
-    _no_auto_xla_with_distributed_optimizers()
+    _no_auto_xla_beyond_tensorflow()
+    xla_steps.install(_wraps_a_distributed_optimizer)
     _take_horovods_compile_flag()
     _keras2_names_on_keras3_optimizers()

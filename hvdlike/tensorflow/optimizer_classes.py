@@ -8,7 +8,7 @@ from typing import Any
 import tensorflow as tf
 
 from hvdlike import Average, global_process_set
-from hvdlike.tensorflow import compat, control_ops, optimizer_v1
+from hvdlike.tensorflow import compat, control_ops, optimizer_v1, xla_steps
 from hvdlike.tensorflow.compression import Compression
 from hvdlike.tensorflow.gradients import GradientReducer, backward_passes, variable_key
 
@@ -137,6 +137,8 @@ class _Keras3Mixin(_DistributedMixin):
                 " Check that the loss depends on the trainable variables and that the "
                 "gradient tape watched them.")
         parent_apply = super().apply
+        if xla_steps.compiling_update():  # (the reduction outside XLA, the update inside)
+            parent_apply = xla_steps.compiled(parent_apply)
         if self._hvd_bpps == 1:
             result = parent_apply(self._hvd_reduce(grads, variables), trainable_variables)
         else:

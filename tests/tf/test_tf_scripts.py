@@ -271,3 +271,17 @@ def test_bench_packing_refuses_fit_steps_it_would_not_time(tmp_path):
     res = run_script(2, "scripts/bench_packing.py", "--loop", "fit", "--steps", "5", "--skip",
                      "5", "--out", tmp_path / "x", timeout=120)
     assert res.returncode != 0 and "--steps (5) must be larger than --skip (5)" in res.output
+
+
+def test_bench_xla_times_both_settings_and_they_train_alike(tmp_path):
+    """scripts/bench_xla.py at np=2, one fit of each setting: its table, JSON and PNG, and the
+    models fitted with and without XLA end with the same weights."""
+    import json
+    res = run_script(1, "scripts/bench_xla.py", "--nps", "2", "--repeats", "1", "--steps", "2",
+                     "--depth", "4", "--out", str(tmp_path), timeout=300, mpi=False)
+    assert res.returncode == 0, res.output[-5000:]
+    assert "XLA gain" in res.output
+    (job,) = json.loads((tmp_path / "bench_xla.json").read_text())["jobs"]
+    assert job["np"] == 2 and job["gain"] > 0, job
+    assert job["max_weight_difference"] < 1e-4, job
+    assert (tmp_path / "bench_xla.png").stat().st_size > 1000

@@ -34,7 +34,7 @@ CHECKS = [
     "adasum_gradients_match_the_pairwise_tree_in_tape_optimizer_and_allreduce",
     "embedding_indexed_slices_gradients_match_reference",
     "mixed_precision_loss_scale_inside_outside_and_compile_wrapped",
-    "jit_compile_auto_is_off_with_a_distributed_optimizer",
+    "xla_fit_matches_one_process_on_the_global_batch",
     "keras3_optimizers_answer_to_the_tf_keras_names_horovod_examples_use",
     "shard_dataset_data_and_file_policies",
     "sync_batch_norm_equals_one_process_on_the_global_batch",

@@ -704,26 +704,77 @@ def _():
         set_policy("float32")
 
 
-if not compat.use_legacy_keras():  # tf_keras has no "auto": it compiles with XLA only if asked
-    @check("jit_compile_auto_is_off_with_a_distributed_optimizer")
+if not compat.use_legacy_keras():  # (tf_keras: XLA-compiled steps are refused, clearly)
+    @check("xla_fit_matches_one_process_on_the_global_batch")
     def _():
-        """Keras 3 resolves compile(jit_compile="auto") to XLA on a machine with a GPU, where
-        the collectives cannot run: with a DistributedOptimizer (also inside a
-        LossScaleOptimizer) "auto" means off. Without a GPU Keras resolves "auto" to off
-        anyway, so Keras's GPU answer ("on") is a stand-in here, and the check also asserts
-        that the resolver Keras models call is hvdlike's."""
-        from hvdlike.tensorflow import keras_patches as hvd_optimizer
-        on_a_gpu_machine = hvd_optimizer._auto_jit_off_when_distributed(lambda model: True)
-        LSO, SGD = keras.mixed_precision.LossScaleOptimizer, keras.optimizers.SGD
-        for opt, xla in ((SGD(0.1), True), (hvdk.DistributedOptimizer(SGD(0.1)), False),
-                         (LSO(hvdk.DistributedOptimizer(SGD(0.1))), False)):
-            m = make_model()
-            m.compile(optimizer=opt, loss="mse", jit_compile=False)
-            assert on_a_gpu_machine(m) is xla, (type(opt).__name__, xla)
-        assert getattr(keras.Model._resolve_auto_jit_compile, "_hvdlike_resolves", False)
-        m = fit_distributed(hvdk.DistributedOptimizer(SGD(0.1)))  # jit_compile="auto"
-        assert m.jit_compile is False
-        same_on_every_rank(m.get_weights(), "weights")
+        """compile(jit_compile=True) with a DistributedOptimizer, alone (Adam), inside a
+        LossScaleOptimizer and with backward_passes_per_step=2 (SGD with momentum): the
+        weights equal one process on the global batch, and XLA compiled both the model's
+        computation and the wrapped optimizer's update (each records whether it was traced
+        in an XLA context). A custom loop as the docs show it equals the same reference."""
+        traced = []
+
+        class Probe(keras.layers.Layer):
+            def call(self, x):
+                traced.append(("layer", compat.in_xla_context()))
+                return x
+
+        def probed(make_opt):
+            cls = type(make_opt())
+
+            class Probed(cls):
+                def update_step(self, *args, **kwargs):
+                    traced.append(("update", compat.in_xla_context()))
+                    return super().update_step(*args, **kwargs)
+            return Probed.from_config(make_opt().get_config())
+
+        LSO = keras.mixed_precision.LossScaleOptimizer
+        for name, how in (("adam", "alone"), ("sgd", "loss_scale"), ("sgd", "bpps2")):
+            make_opt = OPTS[name]
+            del traced[:]
+            m = keras.Sequential([Probe()] + make_model().layers)
+            if how == "bpps2":  # update u: micro-step j of rank r gets one block of B
+                opt = hvdk.DistributedOptimizer(probed(make_opt), backward_passes_per_step=2,
+                                                average_aggregated_gradients=True)
+                xs, ys = (np.concatenate([
+                    a[(2 * u + j) * B * n + r * B:(2 * u + j) * B * n + (r + 1) * B]
+                    for u in range(STEPS) for j in range(2)]) for a in (X, Y))
+            else:
+                opt = hvdk.DistributedOptimizer(probed(make_opt))
+                opt = LSO(opt) if how == "loss_scale" else opt
+                xs, ys = local_rows(STEPS, B), local_rows(STEPS, B, Y)
+            m.compile(optimizer=opt, loss="mse", jit_compile=True)
+            m.fit(xs, ys, batch_size=B, epochs=1, shuffle=False, verbose=0)
+            reference = reference_weights(name, STEPS, (2 if how == "bpps2" else 1) * B * n)
+            for a, b in zip(m.get_weights(), reference):
+                assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"{name}, {how}")
+            same_on_every_rank(m.get_weights(), f"weights ({name}, {how})")
+            assert m.jit_compile is True
+            assert set(traced) == {("layer", True), ("update", True)}, (name, how, traced)
+
+        # a custom loop as docs/tensorflow.md shows it: the collective between compiled parts
+        m, opt = make_model(), OPTS["sgd"]()
+
+        @tf.function(jit_compile=True)
+        def gradients(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(m(x, training=True) - y))
+            return tape.gradient(loss, m.trainable_variables)
+
+        @tf.function(jit_compile=True)
+        def update(grads):
+            opt.apply_gradients(zip(grads, m.trainable_variables))
+
+        @tf.function
+        def step(x, y):
+            update(hvd.grouped_allreduce(gradients(x, y)))
+
+        xs, ys = local_rows(STEPS, B), local_rows(STEPS, B, Y)
+        for i in range(STEPS):
+            step(xs[i * B:(i + 1) * B], ys[i * B:(i + 1) * B])
+        for a, b in zip(m.get_weights(), reference_weights("sgd", STEPS, B * n)):
+            assert_close(a, b, rtol=1e-4, atol=1e-5, msg="custom loop")
+        same_on_every_rank(m.get_weights(), "weights (custom loop)")
 
     @check("keras3_optimizers_answer_to_the_tf_keras_names_horovod_examples_use")
     def _():
