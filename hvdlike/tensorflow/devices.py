@@ -11,6 +11,7 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
+from hvdlike.tensorflow import compat
 from hvdlike.transport import gpu
 
 
@@ -51,7 +52,7 @@ def from_core(value: Any, dtype: tf.DType) -> tf.Tensor:
                 and value.flags.c_contiguous and value.flags.writeable
                 and value.ctypes.data % 64 == 0):
             return tf.experimental.dlpack.from_dlpack(value.__dlpack__())
-        return tf.convert_to_tensor(value, dtype=dtype)
+        return compat.eager_tensor(value, dtype)
     gpu.cupy().cuda.get_current_stream().synchronize()  # the collective has written it
     return tf.experimental.dlpack.from_dlpack(value.toDlpack())
 

@@ -12,7 +12,7 @@ from hvdlike import Average, ProcessSet, ReduceOp, Sum, global_process_set
 from hvdlike.base.reduce_ops import as_reduce_op
 from hvdlike.base.tracebacks import short
 from hvdlike.submission import listed as _listed
-from hvdlike.tensorflow import bridge, gather_ops, primitives
+from hvdlike.tensorflow import bridge, compat, gather_ops, primitives
 from hvdlike.tensorflow.compression import Compression, check_compression
 
 # --------------------------------------------------------------------------- allreduce
@@ -28,6 +28,11 @@ def _allreduce_grad_op(op, what):
 
 def _grouped_allreduce_with_grad(tensors, op, prescale_factor, postscale_factor, name,
                                  process_set):
+    differentiable = any(t.dtype.is_floating for t in tensors)
+    if not differentiable or (tf.executing_eagerly() and not compat.tape_may_record()):
+        return primitives.allreduce_raw(tensors, op, prescale_factor, postscale_factor, name,
+                                        process_set)
+
     @tf.custom_gradient
     def fwd(*xs):
         ys = primitives.allreduce_raw(list(xs), op, prescale_factor, postscale_factor, name,
@@ -41,10 +46,6 @@ def _grouped_allreduce_with_grad(tensors, op, prescale_factor, postscale_factor,
                                             None if name is None else name + "/grad", process_set)
         return ys, grad
 
-    differentiable = any(t.dtype.is_floating for t in tensors)
-    if not differentiable:
-        return primitives.allreduce_raw(tensors, op, prescale_factor, postscale_factor, name,
-                                        process_set)
     return list(fwd(*tensors))
 
 

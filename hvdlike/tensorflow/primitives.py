@@ -7,17 +7,23 @@ from typing import Any, List, NamedTuple, Optional, Sequence
 import tensorflow as tf
 
 import hvdlike as _core
+from hvdlike import collectives
 from hvdlike.collectives import packed_allreduce_async
 from hvdlike.tensorflow import bridge
 from hvdlike.tensorflow.packing import Packing
 
 
-def allreduce_submit_fn(op, prescale_factor, postscale_factor, name, process_set, parts=None):
+def allreduce_submit_fn(op, prescale_factor, postscale_factor, name, process_set, parts=None,
+                        blocking=False):
     """The submit function of an all-reduce; with ``parts`` (``Packing.parts``), of tensors
-    crossing packed (the engine reduces them packed, one result per crossing tensor)."""
+    crossing packed (the engine reduces them packed, one result per crossing tensor). With
+    ``blocking`` (eager) one tensor is reduced by the blocking call, which runs a cached name
+    at once on the calling thread, and the wait function returns its result."""
     def submit(op_name, *arrays):
         kw = dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   name=name or op_name, process_set=process_set)
+        if blocking and len(arrays) == 1:
+            return bridge.done(collectives.allreduce(arrays[0], **kw))
         if parts is not None:
             return bridge.many(packed_allreduce_async(arrays, parts, **kw))
         if len(arrays) == 1:
@@ -32,7 +38,8 @@ def allreduce_raw(tensors, op, prescale_factor, postscale_factor, name, process_
     if not tensors:
         return []
     if tf.executing_eagerly():
-        submit = allreduce_submit_fn(op, prescale_factor, postscale_factor, name, process_set)
+        submit = allreduce_submit_fn(op, prescale_factor, postscale_factor, name, process_set,
+                                     blocking=True)
         return bridge.run("allreduce", submit, tensors, [t.dtype for t in tensors],
                           [t.shape for t in tensors], process_set, name)
     bridge.check_graph_request("allreduce", name, process_set)
