@@ -69,7 +69,8 @@ def worker(args: argparse.Namespace) -> None:
     import numpy as np
 
     import hvdlike as hvd
-    from bench_fusion import make_inputs, resnet50_shapes
+    from bench_fusion import make_inputs
+    from resnet50 import resnet50_shapes
     from hvdlike import runtime
 
     hvd.init()

@@ -76,7 +76,7 @@ TARGET_FIRST_STEP_S = 0.2
 def resnet50_requests() -> List[Request]:
     """The 214 all-reduce requests of ResNet-50's gradients (float32, Average)."""
     sys.path.insert(0, str(REPO / "scripts"))
-    from bench_fusion import resnet50_shapes  # the shapes, without TensorFlow
+    from resnet50 import resnet50_shapes  # the shapes, without TensorFlow
     return [Request("allreduce", f"DistributedGradientTape_Allreduce/grad_{i}",
                     np.dtype(np.float32), shape, 1) for i, shape in enumerate(resnet50_shapes())]
 

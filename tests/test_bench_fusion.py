@@ -10,8 +10,7 @@ VARIANTS = {"grouped", "loop", "async_loop", "flat", "raw_flat", "flat_4k", "gro
 
 
 def test_resnet50_shapes_match_keras_counts():
-    # In a separate process: importing the script imports mpi4py.MPI, which initializes MPI.
-    code = ("import sys, math; sys.path.insert(0, 'scripts'); from bench_fusion import "
+    code = ("import sys, math; sys.path.insert(0, 'scripts'); from resnet50 import "
             "resnet50_shapes as f; s = f(); "
             "print(len(s), sum(math.prod(x) for x in s), 'tensorflow' in sys.modules)")
     job = launch(1, [sys.executable, "-c", code], timeout=60, mpi=False)

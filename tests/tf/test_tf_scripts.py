@@ -285,3 +285,17 @@ def test_bench_xla_times_both_settings_and_they_train_alike(tmp_path):
     assert job["np"] == 2 and job["gain"] > 0, job
     assert job["max_weight_difference"] < 1e-4, job
     assert (tmp_path / "bench_xla.png").stat().st_size > 1000
+
+
+def test_bench_vs_horovod_times_hvdlikes_side(tmp_path):
+    """scripts/bench_vs_horovod.py without a Horovod Python: hvdlike's job at np=2 (results
+    checked against NumPy inside), its table, JSON and PNG."""
+    import json
+    res = run_script(1, "scripts/bench_vs_horovod.py", "--pairs", "1", "--repeats", "1",
+                     "--scale", "0.01", "--out", str(tmp_path), timeout=300, mpi=False)
+    assert res.returncode == 0, res.output[-5000:]
+    assert "resnet50 per-tensor tf.function" in res.output
+    data = json.loads((tmp_path / "bench_vs_horovod.json").read_text())
+    assert list(data["median_ms"]) == ["hvdlike"] and len(data["median_ms"]["hvdlike"]) == 7
+    assert all(v > 0 for v in data["median_ms"]["hvdlike"].values()), data
+    assert (tmp_path / "bench_vs_horovod.png").stat().st_size > 1000
