@@ -10,8 +10,9 @@ figures and the machine they came from, and a PNG plot.
 import contextlib
 import json
 import os
+import subprocess
 from pathlib import Path
-from typing import Any, Iterator, Sequence, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -45,3 +46,16 @@ def figure(path: "str | os.PathLike[str]", nrows: int = 1, ncols: int = 1, dpi: 
         fig.savefig(path, dpi=dpi)
     finally:
         plt.close(fig)
+
+
+def run_json_job(cmd: Sequence[str], out: str, what: str, timeout: float,
+                 env: Optional[Dict[str, str]] = None) -> Any:
+    """Run a benchmark's job ``cmd``, which writes JSON to ``out``; return that JSON. A job
+    that fails prints the end of its output and exits, naming ``what``."""
+    done = subprocess.run(list(cmd), env=env, timeout=timeout, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, check=False)
+    if done.returncode != 0:
+        print(done.stdout[-4000:])
+        raise SystemExit(f"{what} failed (status {done.returncode})")
+    with open(out) as f:
+        return json.load(f)

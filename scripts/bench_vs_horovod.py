@@ -22,10 +22,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
+
+from bench_output import figure, markdown_table, run_json_job, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = {"eager 1 KiB": 1 << 10, "eager 1 MiB": 1 << 20, "eager 16 MiB": 16 << 20,
@@ -121,14 +122,8 @@ def run_job(args: argparse.Namespace, library: str, pair: int) -> Dict[str, Any]
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMPI_MCA_osc="^ucx")
     print(f"bench_vs_horovod: {library}, job {pair + 1}", flush=True)
-    done = subprocess.run(cmd + script, env=env, timeout=args.timeout, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, check=False)
-    if done.returncode != 0:
-        print(done.stdout[-4000:])
-        raise SystemExit(f"bench_vs_horovod: the {library} job failed "
-                         f"(status {done.returncode})")
-    with open(out) as f:
-        return json.load(f)
+    return run_json_job(cmd + script, out, f"bench_vs_horovod: the {library} job",
+                        args.timeout, env)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -152,7 +147,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         if "horovod" in ms:
             cells.append(f"{ms['hvdlike'][row] / ms['horovod'][row]:.2f}x")
         rows.append(cells)
-    from bench_output import figure, markdown_table, write_json
     print(markdown_table(header, rows))
     per_tensor = ms["hvdlike"][STEPS[2]] / grouped
     print(f"hvdlike: one allreduce per tensor in a tf.function / grouped in a tf.function = "

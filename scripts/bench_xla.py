@@ -16,15 +16,13 @@ median step time without XLA over the median with it. Writes OUT/bench_xla.json 
 OUT/bench_xla.png; exits non-zero if a job fails.
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from bench_output import figure, markdown_table, write_json
+from bench_output import figure, markdown_table, run_json_job, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WIDTH, BATCH = 512, 128
@@ -102,13 +100,7 @@ def run_job(args: argparse.Namespace, np_: int) -> Dict[str, Any]:
            os.path.abspath(__file__), "--worker", out, "--repeats", str(args.repeats),
            "--steps", str(args.steps), "--depth", str(args.depth)]
     print(f"bench_xla: np={np_}", flush=True)
-    done = subprocess.run(cmd, timeout=args.timeout, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, check=False)
-    if done.returncode != 0:
-        print(done.stdout[-4000:])
-        raise SystemExit(f"bench_xla: the np={np_} job failed (status {done.returncode})")
-    with open(out) as f:
-        return json.load(f)
+    return run_json_job(cmd, out, f"bench_xla: the np={np_} job", args.timeout)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
